@@ -1,0 +1,367 @@
+"""Case file v1: one self-describing record of one `forward_extend` call.
+
+A case holds the inputs SGLang's MLA attention saw (q, k, v, a compacted KV pool and the index
+arrays), its scalars, and optionally the output the live Triton call produced. It is saved as a
+plain dict of str/int/float/bool/None/list/dict and CPU tensors, so that
+`torch.load(weights_only=True)` can read it: loading a shared case never runs code from it.
+
+Structural checks (names, types, dtypes, ranks, dims, indices inside the pool) happen on load and
+raise `CaseError` naming the file and the field. Semantic checks (indptr lengths, mask lengths,
+tree shape, the seed's marshaling bugs) belong to `kdkit.lint`, which explains instead of raising.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import pickle
+import tempfile
+import zipfile
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FORMAT = "kdkit-case"
+SCHEMA_VERSION = 1
+LAYOUTS = ("sglang", "unified")
+
+FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+INDEX_DTYPES = (torch.int32, torch.int64)
+MASK_DTYPES = (torch.bool, torch.uint8)
+
+META_KEYS = (
+    "case_id", "source", "model", "layer_id", "tp_rank", "step", "forward_mode",
+    "sglang_version", "torch_version", "gpu", "created", "note",
+)
+SOURCES = ("captured", "synthetic")
+
+
+class CaseError(ValueError):
+    """A case (or case file) that cannot be used; the message names the file and the field."""
+
+    def __init__(self, field_name: str, message: str, path: str | os.PathLike | None = None):
+        self.field = field_name
+        self.path = str(path) if path is not None else None
+        where = f"{self.path}: " if self.path else ""
+        super().__init__(f"{where}field '{field_name}': {message}")
+
+
+@dataclass
+class Case:
+    """Inputs of one MLA forward_extend call (one TP rank, one layer).
+
+    Layouts:
+      sglang  - kv_indptr/kv_indices cover only the committed prefix; the draft tokens' K/V come
+                from `k`/`v` (what SGLang's Triton kernel reads).
+      unified - kv_indptr/kv_indices cover prefix + draft slots (prefix + out_cache_loc), all read
+                from the pool (what the seed's kernel did).
+    `kv_buffer` is the compacted pool: row 0 is the scratch slot, `slot_ids[r]` is the original
+    pool slot of row r.
+    """
+
+    meta: dict
+    num_heads: int
+    sm_scale: float
+    logit_cap: float
+    causal: bool
+    layout: str
+    q: torch.Tensor            # [T, H, 576]
+    k: torch.Tensor            # [T, 1, 576]
+    v: torch.Tensor            # [T, 1, 512]
+    kv_buffer: torch.Tensor    # [N, 1, 576] latent first, then rope
+    kv_indptr: torch.Tensor    # [bs+1]
+    kv_indices: torch.Tensor   # [kv_indptr[-1]]
+    qo_indptr: torch.Tensor    # [bs+1]
+    out_cache_loc: torch.Tensor  # [T] rows of kv_buffer that hold the draft tokens
+    prefix_lens: torch.Tensor  # [bs] committed prefix length per request (seq_lens in TARGET_VERIFY)
+    slot_ids: torch.Tensor     # [N] original pool slot of each kv_buffer row
+    custom_mask: torch.Tensor | None = None  # flat bool/uint8, per request q_len x (prefix+q_len)
+    mask_indptr: torch.Tensor | None = None  # [bs+1] start offsets into custom_mask
+    ref_out: torch.Tensor | None = None  # [T, H, 512] output of the live Triton call
+    ref_lse: torch.Tensor | None = None  # [T, H] its natural-log LSE
+    kv_lora_rank: int = 512
+    qk_rope_head_dim: int = 64
+    v_head_dim: int = 512
+
+    # ---- derived views -------------------------------------------------------------------
+    @property
+    def qk_dim(self) -> int:
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.qo_indptr.numel()) - 1
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.q.shape[0])
+
+    @property
+    def q_lens(self) -> list[int]:
+        return torch.diff(self.qo_indptr.long()).tolist()
+
+    @property
+    def v_buffer(self) -> torch.Tensor:
+        """The pool's value view: the latent part of each row, as MLATokenToKVPool returns it."""
+        return self.kv_buffer[..., : self.v_head_dim]
+
+    @property
+    def case_id(self) -> str:
+        return str(self.meta.get("case_id") or "case")
+
+    @property
+    def label(self) -> str:
+        layer = self.meta.get("layer_id")
+        return f"L{layer}" if layer is not None else self.case_id
+
+    def clone(self, **changes: Any) -> "Case":
+        """A deep copy (tensors cloned), with `changes` applied; backends get clones, never originals."""
+        out = {}
+        for f in fields(self):
+            val = getattr(self, f.name)
+            if isinstance(val, torch.Tensor):
+                val = val.clone()
+            elif isinstance(val, dict):
+                val = dict(val)
+            out[f.name] = val
+        out.update(changes)
+        return Case(**out)
+
+    def summary(self) -> str:
+        q_lens = self.q_lens
+        pl = self.prefix_lens.tolist()
+        ql = f"{q_lens[0]}" if len(set(q_lens)) == 1 else f"{min(q_lens)}..{max(q_lens)}"
+        pf = f"{pl[0]}" if len(set(pl)) == 1 else f"{min(pl)}..{max(pl)}"
+        return (f"{self.case_id}: {self.meta.get('source')} bs={self.batch_size} H={self.num_heads} "
+                f"q_len={ql} prefix={pf} layout={self.layout} pool_rows={self.kv_buffer.shape[0]}")
+
+    # ---- (de)serialization ---------------------------------------------------------------
+    def to_record(self) -> dict:
+        tensors = {}
+        for name in TENSOR_FIELDS:
+            t = getattr(self, name)
+            if t is not None:
+                tensors[name] = t.detach().to("cpu").contiguous()
+        return {
+            "format": FORMAT,
+            "schema_version": SCHEMA_VERSION,
+            "meta": {k: _plain(self.meta.get(k)) for k in sorted(set(META_KEYS) | set(self.meta))},
+            "params": {
+                "num_heads": int(self.num_heads),
+                "kv_lora_rank": int(self.kv_lora_rank),
+                "qk_rope_head_dim": int(self.qk_rope_head_dim),
+                "v_head_dim": int(self.v_head_dim),
+                "sm_scale": float(self.sm_scale),
+                "logit_cap": float(self.logit_cap),
+                "causal": bool(self.causal),
+                "layout": self.layout,
+            },
+            "tensors": tensors,
+        }
+
+    def save(self, path: str | os.PathLike, overwrite: bool = False) -> Path:
+        """Write atomically (temp file in the same folder, then rename); never clobber unless asked."""
+        path = Path(path)
+        validate(self, path)
+        if path.exists() and not overwrite:
+            raise FileExistsError(f"{path} exists; pass overwrite=True (or --force) to replace it")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                torch.save(self.to_record(), fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            if overwrite:
+                os.replace(tmp, path)
+            else:
+                # link() fails if the name appeared meanwhile: nothing a user captured is clobbered
+                os.link(tmp, path)
+                os.unlink(tmp)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        return path
+
+
+def _plain(v):
+    """Meta values as plain data only (weights_only loads nothing else)."""
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items()}
+    return str(v)
+
+
+TENSOR_FIELDS = ("q", "k", "v", "kv_buffer", "kv_indptr", "kv_indices", "qo_indptr",
+                 "out_cache_loc", "prefix_lens", "slot_ids", "custom_mask", "mask_indptr",
+                 "ref_out", "ref_lse")
+OPTIONAL_TENSORS = ("custom_mask", "mask_indptr", "ref_out", "ref_lse")
+PARAM_TYPES = {"num_heads": int, "kv_lora_rank": int, "qk_rope_head_dim": int, "v_head_dim": int,
+               "sm_scale": float, "logit_cap": float, "causal": bool, "layout": str}
+
+
+def now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def new_meta(source: str, **kw: Any) -> dict:
+    meta = {k: None for k in META_KEYS}
+    meta.update(source=source, created=now(), torch_version=str(torch.__version__), note="")
+    meta.update(kw)
+    return meta
+
+
+# ---- validation --------------------------------------------------------------------------
+def _check_tensor(path, name, t, dtypes, ndim, fix):
+    if not isinstance(t, torch.Tensor):
+        raise CaseError(name, f"expected a tensor, got {type(t).__name__}. {fix}", path)
+    if t.dtype not in dtypes:
+        want = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise CaseError(name, f"dtype {str(t.dtype).replace('torch.', '')} not allowed (want {want}). {fix}", path)
+    if t.dim() != ndim:
+        raise CaseError(name, f"expected {ndim}-D, got shape {tuple(t.shape)}. {fix}", path)
+
+
+def _check_range(path, name, t, lo, hi, what):
+    if t.numel() == 0:
+        return
+    bad = (t.long() < lo) | (t.long() >= hi)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        raise CaseError(name, f"{name}[{i}] = {int(t[i])} is outside {what} [{lo}, {hi}); "
+                              "the file is corrupt or was captured from a different pool", path)
+
+
+def validate(case: Case, path=None) -> None:
+    """Structural checks every consumer relies on; raise CaseError on the first breach."""
+    if case.layout not in LAYOUTS:
+        raise CaseError("layout", f"{case.layout!r} is not one of {LAYOUTS}", path)
+    if not isinstance(case.meta, dict) or case.meta.get("source") not in SOURCES:
+        raise CaseError("meta.source", f"must be one of {SOURCES}", path)
+    for name, typ in PARAM_TYPES.items():
+        val = getattr(case, name)
+        if typ is float and isinstance(val, int) and not isinstance(val, bool):
+            val = float(val)
+        if not isinstance(val, typ) or (typ is int and isinstance(val, bool)):
+            raise CaseError(name, f"expected {typ.__name__}, got {type(val).__name__}", path)
+    H, Dl, Dr, Dv = case.num_heads, case.kv_lora_rank, case.qk_rope_head_dim, case.v_head_dim
+    if not 1 <= H <= 1024:
+        raise CaseError("num_heads", f"{H} is not a head count (1..1024)", path)
+    if Dv != Dl:
+        raise CaseError("v_head_dim", f"MLA reads values from the latent: v_head_dim {Dv} must equal kv_lora_rank {Dl}", path)
+    if not (case.sm_scale > 0 and case.sm_scale < 1e4):
+        raise CaseError("sm_scale", f"{case.sm_scale} is not a positive softmax scale", path)
+    if case.logit_cap < 0:
+        raise CaseError("logit_cap", f"{case.logit_cap} < 0; use 0.0 for no cap", path)
+    D = Dl + Dr
+    fix_f = "Store it as captured from forward_extend (bf16 on the GPU), moved to the CPU."
+    _check_tensor(path, "q", case.q, FLOAT_DTYPES, 3, fix_f)
+    _check_tensor(path, "k", case.k, FLOAT_DTYPES, 3, fix_f)
+    _check_tensor(path, "v", case.v, FLOAT_DTYPES, 3, fix_f)
+    _check_tensor(path, "kv_buffer", case.kv_buffer, FLOAT_DTYPES, 3, fix_f)
+    T = case.q.shape[0]
+    for name, t, shape in (("q", case.q, (T, H, D)), ("k", case.k, (T, 1, D)), ("v", case.v, (T, 1, Dv))):
+        if tuple(t.shape) != shape:
+            raise CaseError(name, f"shape {tuple(t.shape)}, expected {shape} (T={T}, H={H}, 576 = {Dl}+{Dr})", path)
+    if tuple(case.kv_buffer.shape[1:]) != (1, D) or case.kv_buffer.shape[0] < 1:
+        raise CaseError("kv_buffer", f"shape {tuple(case.kv_buffer.shape)}, expected [N>=1, 1, {D}]", path)
+    fix_i = "Index arrays are int32 or int64, 1-D."
+    for name in ("kv_indptr", "kv_indices", "qo_indptr", "out_cache_loc", "prefix_lens", "slot_ids"):
+        _check_tensor(path, name, getattr(case, name), INDEX_DTYPES, 1, fix_i)
+    if case.qo_indptr.numel() < 2:
+        raise CaseError("qo_indptr", "needs bs+1 >= 2 entries", path)
+    qo = case.qo_indptr.long()
+    if int(qo[0]) != 0 or int(qo[-1]) != T or bool((torch.diff(qo) < 0).any()):
+        raise CaseError("qo_indptr", f"{qo.tolist()[:8]}... must rise from 0 to T={T}", path)
+    bs = qo.numel() - 1
+    if case.prefix_lens.numel() != bs:
+        raise CaseError("prefix_lens", f"{case.prefix_lens.numel()} entries for bs={bs}", path)
+    if bool((case.prefix_lens < 0).any()):
+        raise CaseError("prefix_lens", "negative prefix length", path)
+    if case.out_cache_loc.numel() != T:
+        raise CaseError("out_cache_loc", f"{case.out_cache_loc.numel()} entries for T={T} tokens", path)
+    N = case.kv_buffer.shape[0]
+    if case.slot_ids.numel() != N:
+        raise CaseError("slot_ids", f"{case.slot_ids.numel()} entries for {N} kv_buffer rows", path)
+    kvp = case.kv_indptr.long()
+    if kvp.numel() < 1 or int(kvp[0]) != 0 or bool((torch.diff(kvp) < 0).any()) or int(kvp[-1]) > case.kv_indices.numel():
+        raise CaseError("kv_indptr", f"must rise from 0 and end within kv_indices ({case.kv_indices.numel()})", path)
+    _check_range(path, "kv_indices", case.kv_indices, 0, N, "kv_buffer rows")
+    _check_range(path, "out_cache_loc", case.out_cache_loc, 0, N, "kv_buffer rows")
+    if (case.custom_mask is None) != (case.mask_indptr is None):
+        raise CaseError("mask_indptr", "custom_mask and mask_indptr come together (both or neither)", path)
+    if case.custom_mask is not None:
+        _check_tensor(path, "custom_mask", case.custom_mask, MASK_DTYPES, 1,
+                      "Store the flat mask as SGLang builds it (bool, or uint8 from the CUDA-graph buffer).")
+        _check_tensor(path, "mask_indptr", case.mask_indptr, INDEX_DTYPES, 1, fix_i)
+        _check_range(path, "mask_indptr", case.mask_indptr, 0, case.custom_mask.numel() + 1, "custom_mask offsets")
+    if case.ref_out is not None:
+        _check_tensor(path, "ref_out", case.ref_out, FLOAT_DTYPES, 3, fix_f)
+        if tuple(case.ref_out.shape) != (T, H, Dv):
+            raise CaseError("ref_out", f"shape {tuple(case.ref_out.shape)}, expected {(T, H, Dv)}", path)
+    if case.ref_lse is not None:
+        _check_tensor(path, "ref_lse", case.ref_lse, (torch.float32, torch.float64), 2, "LSE is fp32 [T, H].")
+        if tuple(case.ref_lse.shape) != (T, H):
+            raise CaseError("ref_lse", f"shape {tuple(case.ref_lse.shape)}, expected {(T, H)}", path)
+
+
+# ---- loading -----------------------------------------------------------------------------
+def from_record(rec: Any, path=None) -> Case:
+    if not isinstance(rec, dict) or rec.get("format") != FORMAT:
+        raise CaseError("format", "not a kdkit case file (no format='kdkit-case' header)", path)
+    ver = rec.get("schema_version")
+    if ver != SCHEMA_VERSION:
+        raise CaseError("schema_version", f"version {ver!r}; this kdkit reads version {SCHEMA_VERSION}. "
+                        "Upgrade kdkit, or re-save the case with the kdkit that wrote it", path)
+    for part in ("meta", "params", "tensors"):
+        if not isinstance(rec.get(part), dict):
+            raise CaseError(part, "missing or not a dict", path)
+    params, tensors = rec["params"], rec["tensors"]
+    kw: dict[str, Any] = {"meta": dict(rec["meta"])}
+    for name in PARAM_TYPES:
+        if name not in params:
+            raise CaseError(name, "missing from params", path)
+        kw[name] = params[name]
+    for name in TENSOR_FIELDS:
+        if name not in tensors:
+            if name in OPTIONAL_TENSORS:
+                kw[name] = None
+                continue
+            raise CaseError(name, "missing from tensors", path)
+        kw[name] = tensors[name]
+    unknown = set(tensors) - set(TENSOR_FIELDS)
+    if unknown:
+        raise CaseError(sorted(unknown)[0], "unknown tensor in a v1 case", path)
+    case = Case(**kw)
+    validate(case, path)
+    return case
+
+
+def _why(e: Exception) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if "Unsupported global" in ln or "Unpickler error" in ln]
+    return (lines[0] if lines else str(e).splitlines()[0])[:300]
+
+
+def load(path: str | os.PathLike) -> Case:
+    """Load and validate a case; weights_only=True, CPU, so no code from the file ever runs."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such case file")
+    try:
+        rec = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        # weights_only refuses any global it does not know: a pickle that would run code lands here
+        raise CaseError("<pickle>", f"refused by the safe loader (weights_only=True); the file holds "
+                        f"objects other than plain data and tensors, so it was not loaded: {_why(e)}", path) from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as e:
+        raise CaseError("<file>", f"cannot be read as a torch file (truncated or not a .pt?): {str(e).splitlines()[0]}", path) from None
+    return from_record(rec, path)
+
+
+__all__ = ["Case", "CaseError", "load", "validate", "from_record", "new_meta", "replace",
+           "SCHEMA_VERSION", "LAYOUTS", "field"]

@@ -1,0 +1,95 @@
+"""Building a case from a live pool (compaction) and converting between the two KV layouts."""
+from __future__ import annotations
+
+import torch
+
+from .case import Case, CaseError
+
+
+def compact(kv_pool: torch.Tensor, kv_indices: torch.Tensor, out_cache_loc: torch.Tensor):
+    """Keep only the pool rows a call references (kv_indices plus out_cache_loc).
+
+    Returns (kv_buffer, new_kv_indices, new_out_cache_loc, slot_ids). Row 0 of the compact buffer
+    is the pool's scratch slot 0 (kept so that a case which wrongly reads slot 0 still reads what
+    the server would have read); referenced slots follow in ascending order.
+    """
+    kv_pool = kv_pool.reshape(kv_pool.shape[0], 1, -1) if kv_pool.dim() == 2 else kv_pool
+    n_pool = kv_pool.shape[0]
+    idx = torch.cat([kv_indices.reshape(-1).long().cpu(), out_cache_loc.reshape(-1).long().cpu()])
+    if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= n_pool):
+        bad = int(idx[(idx < 0) | (idx >= n_pool)][0])
+        raise CaseError("kv_indices", f"slot {bad} is outside the pool ({n_pool} rows): "
+                        "capture the indices and the pool of the same layer and step")
+    used = torch.unique(idx)
+    used = used[used != 0]
+    slot_ids = torch.cat([torch.zeros(1, dtype=torch.long), used])
+    remap = torch.zeros(n_pool, dtype=torch.long)
+    remap[slot_ids] = torch.arange(slot_ids.numel())
+    rows = kv_pool[slot_ids.to(kv_pool.device)].detach().cpu().clone()
+    new_idx = remap[kv_indices.reshape(-1).long().cpu()].to(kv_indices.dtype)
+    new_loc = remap[out_cache_loc.reshape(-1).long().cpu()].to(out_cache_loc.dtype)
+    return rows, new_idx, new_loc, slot_ids
+
+
+def _segments(indptr: torch.Tensor):
+    p = indptr.long().tolist()
+    return list(zip(p[:-1], p[1:]))
+
+
+def to_unified(case: Case) -> Case:
+    """prefix-from-pool + draft-from-k/v  ->  every KV row from the pool (prefix + out_cache_loc).
+
+    The draft rows are written into the pool at out_cache_loc from k (rope included), as
+    forward_extend does before the kernel runs; v must be the latent part of k, as in MLA.
+    """
+    if case.layout == "unified":
+        return case.clone()
+    kv = case.kv_buffer.clone()
+    loc = case.out_cache_loc.long()
+    kv[loc] = case.k.to(kv.dtype)
+    kv[loc, :, : case.v_head_dim] = case.v.to(kv.dtype)
+    pieces, indptr = [], [0]
+    for (ks, ke), (qs, qe) in zip(_segments(case.kv_indptr), _segments(case.qo_indptr)):
+        pieces += [case.kv_indices[ks:ke].long(), loc[qs:qe]]
+        indptr.append(indptr[-1] + (ke - ks) + (qe - qs))
+    idt = case.kv_indices.dtype
+    return case.clone(layout="unified", kv_buffer=kv,
+                      kv_indices=torch.cat(pieces).to(idt) if pieces else case.kv_indices.clone(),
+                      kv_indptr=torch.tensor(indptr, dtype=case.kv_indptr.dtype))
+
+
+def to_sglang(case: Case) -> Case:
+    """every KV row from the pool  ->  prefix from the pool, draft K/V read back into k and v."""
+    if case.layout == "sglang":
+        return case.clone()
+    prefix = case.prefix_lens.long().tolist()
+    pieces, indptr = [], [0]
+    for b, (ks, ke) in enumerate(_segments(case.kv_indptr)):
+        pieces.append(case.kv_indices[ks:ks + prefix[b]].long())
+        indptr.append(indptr[-1] + prefix[b])
+    loc = case.out_cache_loc.long()
+    k = case.kv_buffer[loc].to(case.k.dtype)
+    return case.clone(layout="sglang", k=k, v=k[..., : case.v_head_dim].clone(),
+                      kv_indices=torch.cat(pieces).to(case.kv_indices.dtype),
+                      kv_indptr=torch.tensor(indptr, dtype=case.kv_indptr.dtype))
+
+
+def to_layout(case: Case, layout: str) -> Case:
+    return to_unified(case) if layout == "unified" else to_sglang(case)
+
+
+def request_kv(case: Case, b: int):
+    """(K rows [kv_len, 576], V rows [kv_len, 512], prefix_len) of request b, as the kernel sees them.
+
+    sglang: prefix from the pool through kv_indices, draft from k/v.
+    unified: every row from the pool through kv_indices; the draft is the tail after prefix_lens[b].
+    """
+    ks, ke = (int(x) for x in case.kv_indptr[b: b + 2])
+    qs, qe = (int(x) for x in case.qo_indptr[b: b + 2])
+    rows = case.kv_buffer[case.kv_indices[ks:ke].long(), 0]
+    dv = case.v_head_dim
+    if case.layout == "sglang":
+        K = torch.cat([rows, case.k[qs:qe, 0].to(rows.dtype)])
+        V = torch.cat([rows[:, :dv], case.v[qs:qe, 0].to(rows.dtype)])
+        return K, V, ke - ks
+    return rows, rows[:, :dv], int(case.prefix_lens[b])

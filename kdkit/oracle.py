@@ -1,0 +1,88 @@
+"""NumPy float64 reference: output, LSE and per-row probabilities, from the bf16 inputs.
+
+Semantics are SGLang's: every prefix column is visible; draft column j of request b is visible to
+row i iff custom_mask says so (prefix columns of the mask are skipped, as the kernel does with
+skip_prefix_custom_mask=True); without a mask, causal=True means j <= i and causal=False means all.
+Scores are (q . k) * sm_scale, soft-capped by logit_cap * tanh(s / logit_cap) when logit_cap > 0.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .case import Case
+from .layout import request_kv
+
+
+def _f64(t) -> np.ndarray:
+    return t.detach().cpu().double().numpy()
+
+
+def draft_visibility(case: Case, b: int) -> np.ndarray:
+    """[q_len, q_len] bool: which draft columns each draft row of request b sees."""
+    qs, qe = (int(x) for x in case.qo_indptr[b: b + 2])
+    n = qe - qs
+    if case.custom_mask is None:
+        return np.tril(np.ones((n, n), bool)) if case.causal else np.ones((n, n), bool)
+    p = int(case.prefix_lens[b])
+    start = int(case.mask_indptr[b])
+    blk = case.custom_mask[start: start + n * (p + n)]
+    if blk.numel() != n * (p + n):
+        raise ValueError(f"custom_mask: request {b} needs {n}x{p + n} entries from offset {start}, "
+                         f"only {blk.numel()} left; run `kdkit inspect` for the marshaling lint")
+    return blk.reshape(n, p + n)[:, p:].bool().numpy()
+
+
+@dataclass
+class RequestProbs:
+    """Softmax probabilities of one request: [q_len, H, prefix + q_len], and the logits."""
+    probs: np.ndarray
+    logits: np.ndarray
+    visible: np.ndarray  # [q_len, prefix + q_len]
+    prefix_len: int
+
+
+def _request(case: Case, b: int):
+    qs, qe = (int(x) for x in case.qo_indptr[b: b + 2])
+    K, V, p = request_kv(case, b)
+    q = _f64(case.q[qs:qe])                     # [n, H, 576]
+    K, V = _f64(K), _f64(V)                     # [kv, 576], [kv, 512]
+    s = np.einsum("nhd,kd->nhk", q, K) * case.sm_scale
+    if case.logit_cap > 0:
+        s = case.logit_cap * np.tanh(s / case.logit_cap)
+    n = qe - qs
+    vis = np.concatenate([np.ones((n, p), bool), draft_visibility(case, b)], axis=1)
+    s = np.where(vis[:, None, :], s, -np.inf)
+    return qs, qe, s, V, vis, p
+
+
+def run(case: Case, with_probs: bool = False):
+    """(out [T,H,512] float64, lse [T,H] float64[, list of RequestProbs]).
+
+    A row that sees nothing gets out = 0 and lse = -inf (the kernels are not required to agree
+    there; lint flags such rows as errors).
+    """
+    T, H, Dv = case.num_tokens, case.num_heads, case.v_head_dim
+    out = np.zeros((T, H, Dv))
+    lse = np.full((T, H), -np.inf)
+    per_req = []
+    for b in range(case.batch_size):
+        qs, qe, s, V, vis, p = _request(case, b)
+        if qe == qs:
+            per_req.append(None)
+            continue
+        m = s.max(axis=-1, keepdims=True)
+        m = np.where(np.isfinite(m), m, 0.0)
+        e = np.exp(s - m)
+        den = e.sum(axis=-1, keepdims=True)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            P = np.where(den > 0, e / den, 0.0)
+            lse[qs:qe] = np.where(den[..., 0] > 0, np.log(den[..., 0]) + m[..., 0], -np.inf)
+        # masked-out columns are exactly 0 in P; 0 * NaN from a poisoned row would still be NaN,
+        # which is right: a visible NaN row should poison the oracle too.
+        Vz = np.where(vis.any(axis=0)[:, None], V, 0.0)
+        out[qs:qe] = np.einsum("nhk,kd->nhd", P, Vz)
+        if with_probs:
+            per_req.append(RequestProbs(P, s, vis, p))
+    return (out, lse, per_req) if with_probs else (out, lse)

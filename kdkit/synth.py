@@ -1,0 +1,110 @@
+"""Synthetic cases: the shapes, trees and magnitudes of Kimi K2.6 tree-verify on one TP rank."""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from . import trees
+from .case import Case, new_meta
+from .layout import compact, to_unified
+
+# Kimi K2.6: sm_scale = 192**-0.5 * mscale**2 with yarn factor 64 (mscale = 0.1*ln(64)+1)
+KIMI_SM_SCALE = 192 ** -0.5 * (0.1 * math.log(64) + 1.0) ** 2  # 0.144680
+KIMI_HEADS_PER_RANK = 8  # 64 heads, TP8
+TREES = ("ddtree", "chain", "eagle", "diagonal", "causal")
+
+
+def _per_request(x, bs: int, name: str) -> list[int]:
+    vals = [int(x)] * bs if np.isscalar(x) else [int(v) for v in x]
+    if len(vals) != bs:
+        raise ValueError(f"{name}: {len(vals)} values for bs={bs}")
+    return vals
+
+
+def _tree(kind: str, n: int, rng) -> list:
+    if kind == "chain" or kind == "causal":
+        return trees.chain(n)
+    if kind == "eagle":
+        return trees.eagle(n, rng=rng)
+    if kind == "ddtree":
+        return trees.ddtree(n - 1, rng=rng)
+    if kind == "diagonal":
+        return trees.diagonal(n)
+    raise ValueError(f"tree {kind!r}: choose one of {TREES}")
+
+
+def make_case(bs: int = 1, prefix: int | Sequence[int] = 21, q_len: int | Sequence[int] = 9,
+              heads: int = KIMI_HEADS_PER_RANK, tree: str = "ddtree", seed: int = 0,
+              layout: str = "sglang", sm_scale: float = KIMI_SM_SCALE, logit_cap: float = 0.0,
+              magnitude: float = 1.0, index_dtype=torch.int32, mask_dtype=torch.bool,
+              shuffle_slots: bool = True, poison_unused: bool = True, spare_rows: int = 16,
+              keep_pool: bool = False, case_id: str | None = None, note: str = "") -> Case:
+    """A case as SGLang would have captured it in TARGET_VERIFY, compacted.
+
+    magnitude scales q: 1.0 gives logits with a spread of a few units (realistic); 8-30 gives the
+    large-magnitude logits that stress the online softmax. `tree="causal"` uses no custom mask.
+    keep_pool keeps the whole (shuffled, NaN-poisoned) pool instead of compacting it.
+    """
+    rng = np.random.default_rng(seed)
+    gen = torch.Generator().manual_seed(seed)
+    prefixes, q_lens = _per_request(prefix, bs, "prefix"), _per_request(q_len, bs, "q_len")
+    T, H, Dl, Dr = sum(q_lens), heads, 512, 64
+    D = Dl + Dr
+
+    # realistic magnitudes: latent ~ unit RMS after the kv_a layernorm with a few hot channels,
+    # rope part of similar size; q_nope absorbed through W_UK is larger and spikier.
+    def kv_rows(n):
+        x = torch.randn(n, 1, D, generator=gen) * 0.6
+        hot = torch.randint(0, Dl, (4,), generator=gen)
+        x[..., hot] *= 6.0
+        return x
+
+    q = torch.randn(T, H, D, generator=gen) * 0.5 * magnitude
+    q[..., torch.randint(0, Dl, (8,), generator=gen)] *= 4.0
+    k = kv_rows(T)
+    n_pool = 1 + sum(prefixes) + T + spare_rows
+    pool = torch.full((n_pool, 1, D), float("nan") if poison_unused else 0.0)
+    slots = (rng.permutation(n_pool - 1) + 1) if shuffle_slots else np.arange(1, n_pool)
+    slots = torch.from_numpy(slots.astype(np.int64))
+    prefix_slots = slots[: sum(prefixes)]
+    out_cache_loc = slots[sum(prefixes): sum(prefixes) + T]
+    pool[prefix_slots] = kv_rows(len(prefix_slots))
+    pool[out_cache_loc] = k  # forward_extend writes the draft K into the pool before attention
+
+    q, k, pool = q.bfloat16(), k.bfloat16(), pool.bfloat16()
+    v = k[..., :Dl].clone()
+    kv_indptr = torch.tensor(np.concatenate([[0], np.cumsum(prefixes)]), dtype=index_dtype)
+    qo_indptr = torch.tensor(np.concatenate([[0], np.cumsum(q_lens)]), dtype=index_dtype)
+    mask = mask_indptr = None
+    if tree != "causal":
+        blocks = [trees.tree_block(_tree(tree, n, rng)) for n in q_lens]
+        mask, mask_indptr = trees.build_mask(prefixes, blocks, mask_dtype)
+        mask_indptr = mask_indptr.to(index_dtype)
+    elif tree not in TREES:
+        raise ValueError(f"tree {tree!r}: choose one of {TREES}")
+
+    kv_indices = prefix_slots.to(index_dtype)
+    if keep_pool:
+        kv_buffer, slot_ids = pool, torch.arange(n_pool)
+    else:
+        kv_buffer, kv_indices, out_cache_loc, slot_ids = compact(pool, kv_indices, out_cache_loc)
+    case_id = case_id or f"synth-{tree}-bs{bs}-p{max(prefixes)}-q{max(q_lens)}-h{H}-s{seed}"
+    meta = new_meta("synthetic", case_id=case_id, model="Kimi-K2.6 shapes (synthetic)",
+                    layer_id=None, tp_rank=0, step=0, forward_mode="TARGET_VERIFY",
+                    note=note or f"synthetic {tree} tree, seed {seed}, magnitude {magnitude}")
+    case = Case(meta=meta, num_heads=H, sm_scale=float(sm_scale), logit_cap=float(logit_cap),
+                causal=True, layout="sglang", q=q, k=k, v=v, kv_buffer=kv_buffer,
+                kv_indptr=kv_indptr, kv_indices=kv_indices.to(index_dtype), qo_indptr=qo_indptr,
+                out_cache_loc=out_cache_loc.to(index_dtype),
+                prefix_lens=torch.tensor(prefixes, dtype=torch.int64), slot_ids=slot_ids,
+                custom_mask=mask, mask_indptr=mask_indptr)
+    return to_unified(case) if layout == "unified" else case
+
+
+def seed_shape(**kw) -> Case:
+    """The seed's failing call: bs 1, prefix 21, q_len 9, H 8, a tree (mask 9 x 30 = 270)."""
+    kw.setdefault("case_id", "seed-shape")
+    return make_case(bs=1, prefix=21, q_len=9, heads=8, tree="eagle", **kw)
