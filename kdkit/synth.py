@@ -108,3 +108,38 @@ def seed_shape(**kw) -> Case:
     """The seed's failing call: bs 1, prefix 21, q_len 9, H 8, a tree (mask 9 x 30 = 270)."""
     kw.setdefault("case_id", "seed-shape")
     return make_case(bs=1, prefix=21, q_len=9, heads=8, tree="eagle", **kw)
+
+
+def random_case(seed: int, work_budget: float = 4e6) -> Case:
+    """One case of the seeded stress sweep: bs 1..64, prefix 0..128K, q_len 1..1025,
+    H in {1, 8, 16, 64, 128}, chains/trees/causal, both layouts, int32/int64 indices, bool/uint8
+    masks, NaN-poisoned unused slots, shuffled slots, sometimes large-magnitude logits or a cap.
+
+    Sizes are drawn, then shrunk until sum(rows x kv_len) <= work_budget so that the float64 oracle
+    stays around a second per case."""
+    rng = np.random.default_rng(10_000 + seed)
+    H = int(rng.choice([1, 8, 16, 64, 128]))
+    bs = int(rng.choice([1, 1, 2, 3, 4, 8, 16, 64]))
+    ql_choices = [1, 2, 5, 9, 17, 33, 65, 129, 257, 1025]
+    q_lens = [int(rng.choice(ql_choices)) for _ in range(bs)] if rng.random() < 0.5 else [int(rng.choice(ql_choices))] * bs
+    prefixes = [int(rng.choice([0, 1, 7, 21, 100, 1000, 4096, 8192, 32768, 131072])) for _ in range(bs)]
+
+    def work():
+        return sum(q * H * (p + q) for q, p in zip(q_lens, prefixes))
+
+    while work() > work_budget:
+        b = int(np.argmax([q * H * (p + q) for q, p in zip(q_lens, prefixes)]))
+        if prefixes[b] > 4 * q_lens[b] or q_lens[b] == 1:
+            prefixes[b] //= 2
+        else:
+            q_lens[b] = max(1, q_lens[b] // 2 + (1 if q_lens[b] > 2 else 0))
+    tree = str(rng.choice(["ddtree", "chain", "eagle", "causal", "ddtree"]))
+    if max(q_lens) < 2 and tree == "ddtree":
+        tree = "chain"
+    return make_case(bs=bs, prefix=prefixes, q_len=q_lens, heads=H, tree=tree, seed=seed,
+                     layout=str(rng.choice(["sglang", "unified"])),
+                     magnitude=float(rng.choice([1.0, 1.0, 1.0, 8.0, 30.0])),
+                     logit_cap=float(rng.choice([0.0, 0.0, 0.0, 30.0])),
+                     index_dtype=rng.choice([torch.int32, torch.int64]),
+                     mask_dtype=rng.choice([torch.bool, torch.uint8]),
+                     spare_rows=int(rng.integers(0, 64)), case_id=f"sweep-{seed}")

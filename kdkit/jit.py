@@ -1,0 +1,203 @@
+"""Build kdkit's CUDA sources with NVRTC (cuda-bindings), for the device or for any sm_XX.
+
+- Compile-time parameters become -D defines and are part of a readable module key
+  (`mla_verify-rows16-bn32-v0-qoi32-kvpi32-kvii32-mipi64-pfxi64-sm_90-<hash>`).
+- `#include "x.cuh"` of kdkit's own headers is expanded here with `#line` directives, so compiler
+  errors name the real file and line, and the cache key (a hash of the expanded text, the options
+  and NVRTC's version) covers every included header: an edited .cuh is never served stale.
+- ptxas' -v report gives registers, shared memory, spills and stack per kernel without a GPU.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CUDA_DIR = Path(__file__).parent / "cuda"
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
+# instructions sm_120 does not have (Hopper/Blackwell datacenter only)
+FORBIDDEN_PTX = ("wgmma", "cp.async.bulk", "tcgen05", "setmaxnreg")
+SM120_SMEM_LIMIT = 99 * 1024
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+def expand(path: Path, seen: tuple = ()) -> str:
+    """Inline kdkit's own quoted includes, each wrapped in #line markers (system headers stay)."""
+    path = Path(path).resolve()
+    if path in seen:
+        raise BuildError(f"{path}: include cycle through {' -> '.join(p.name for p in seen)}")
+    out = [f'#line 1 "{path}"']
+    for n, line in enumerate(path.read_text().splitlines(), start=1):
+        m = _INCLUDE.match(line)
+        if m and (path.parent / m.group(1)).is_file():
+            out.append(expand(path.parent / m.group(1), seen + (path,)))
+            out.append(f'#line {n + 1} "{path}"')
+        elif line.strip() == "#pragma once":
+            out.append("")  # each header is inlined exactly where it is included
+        else:
+            out.append(line)
+    return "\n".join(out)
+
+
+def cuda_include_dir() -> str:
+    """Where cuda_bf16.h lives: the nvidia-cuda-runtime wheel, else $CUDA_HOME, else /usr/local/cuda."""
+    try:
+        from cuda import pathfinder
+        found = pathfinder.find_nvidia_header_directory("cudart")
+        if found:
+            return str(found)
+    except Exception:  # older cuda-bindings without pathfinder: fall through to the toolkit
+        pass
+    for base in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if base and (Path(base) / "include" / "cuda_bf16.h").is_file():
+            return str(Path(base) / "include")
+    raise BuildError("CUDA headers not found: `pip install nvidia-cuda-runtime` (or set CUDA_HOME)")
+
+
+def _nvrtc():
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError as e:
+        raise BuildError("NVRTC not available: `pip install cuda-bindings nvidia-cuda-nvrtc` "
+                         f"(the 'compile' extra of kdkit) [{e}]") from None
+    return nvrtc
+
+
+def nvrtc_version() -> str:
+    err, major, minor = _nvrtc().nvrtcVersion()
+    return f"{major}.{minor}"
+
+
+def _check(nvrtc, res, what):
+    err = res[0] if isinstance(res, tuple) else res
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise BuildError(f"NVRTC {what} failed: {err}")
+    return res[1:] if isinstance(res, tuple) and len(res) > 1 else None
+
+
+@dataclass
+class KernelResources:
+    name: str
+    registers: int = 0
+    smem_static: int = 0
+    stack: int = 0
+    spill_stores: int = 0
+    spill_loads: int = 0
+    local: int = 0  # local memory (bytes of lmem reported by ptxas)
+
+
+@dataclass
+class Module:
+    key: str
+    arch: str
+    cubin: bytes
+    ptx: str
+    log: str
+    defines: dict
+    kernels: dict = field(default_factory=dict)  # name -> KernelResources
+
+    def forbidden_instructions(self) -> list[str]:
+        return [ins for ins in FORBIDDEN_PTX if re.search(rf"\b{re.escape(ins)}\b", self.ptx)]
+
+
+def parse_ptxas(log: str) -> dict:
+    """Per-kernel resource lines of `ptxas -v` (as NVRTC returns them in the program log)."""
+    kernels, cur = {}, None
+    for line in log.splitlines():
+        m = re.search(r"(?:Compiling entry function|Function properties for) '?([\w$]+)'?", line)
+        if m:
+            cur = kernels.setdefault(m.group(1), KernelResources(m.group(1)))
+            continue
+        if cur is None:
+            continue
+        if m := re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line):
+            cur.stack, cur.spill_stores, cur.spill_loads = map(int, m.groups())
+        if m := re.search(r"Used (\d+) registers", line):
+            cur.registers = int(m.group(1))
+        if m := re.search(r"(\d+) bytes smem", line):
+            cur.smem_static = int(m.group(1))
+        if m := re.search(r"(\d+) bytes lmem", line):
+            cur.local = int(m.group(1))
+    return kernels
+
+
+def cache_dir() -> Path:
+    d = Path(os.environ.get("KDKIT_CACHE") or Path.home() / ".cache" / "kdkit" / "jit")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def module_key(stem: str, defines: dict, arch: str, digest: str) -> str:
+    parts = [stem] + [f"{k.lower()}{v}" for k, v in defines.items()] + [arch, digest[:12]]
+    return re.sub(r"[^\w.-]", "", "-".join(str(p) for p in parts))
+
+
+def build(source: str | Path, defines: dict, arch: str, tags: dict | None = None) -> Module:
+    """Compile `source` (a file in kdkit/cuda) for `arch` ("sm_90", "sm_120", ...); cached on disk.
+
+    `defines` maps macro -> value; `tags` gives the short readable names used in the key.
+    """
+    src_path = CUDA_DIR / source if not Path(source).is_absolute() else Path(source)
+    text = expand(src_path)
+    opts = [f"--gpu-architecture={arch}", "-std=c++17", "-Xptxas=-v", "--use_fast_math",
+            f"-I{cuda_include_dir()}", "-default-device"]
+    opts += [f"-D{k}={v}" for k, v in defines.items()]
+    ver = nvrtc_version()
+    digest = hashlib.sha256("\n".join([text, *opts, ver]).encode()).hexdigest()
+    key = module_key(src_path.stem, tags or defines, arch, digest)
+    cdir = cache_dir()
+    cubin_p, ptx_p, log_p = (cdir / f"{key}{ext}" for ext in (".cubin", ".ptx", ".log"))
+    if cubin_p.is_file() and ptx_p.is_file() and log_p.is_file():
+        log = log_p.read_text()
+        return Module(key, arch, cubin_p.read_bytes(), ptx_p.read_text(), log, dict(defines), parse_ptxas(log))
+
+    nvrtc = _nvrtc()
+    (prog,) = _check(nvrtc, nvrtc.nvrtcCreateProgram(text.encode(), str(src_path).encode(), 0, [], []), "create")
+    try:
+        res = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
+        (size,) = _check(nvrtc, nvrtc.nvrtcGetProgramLogSize(prog), "log size")
+        buf = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, buf)
+        log = buf.decode(errors="replace").rstrip("\x00 \n")
+        if res[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise BuildError(f"compiling {src_path.name} for {arch} failed:\n{log}")
+        (csize,) = _check(nvrtc, nvrtc.nvrtcGetCUBINSize(prog), "cubin size")
+        cubin = b" " * csize
+        _check(nvrtc, nvrtc.nvrtcGetCUBIN(prog, cubin), "cubin")
+        (psize,) = _check(nvrtc, nvrtc.nvrtcGetPTXSize(prog), "ptx size")
+        ptx = b" " * psize
+        _check(nvrtc, nvrtc.nvrtcGetPTX(prog, ptx), "ptx")
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    ptx_s = ptx.decode(errors="replace").rstrip("\x00")
+    # write-then-rename: a concurrent build of the same key never sees half a file
+    for p, data in ((cubin_p, cubin), (ptx_p, ptx_s.encode()), (log_p, log.encode())):
+        tmp = p.with_suffix(p.suffix + f".{os.getpid()}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, p)
+    return Module(key, arch, cubin, ptx_s, log, dict(defines), parse_ptxas(log))
+
+
+def device_arch() -> str:
+    import torch
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}"
+
+
+_loaded: dict = {}
+
+
+def load(module: Module):
+    """The cupy.RawModule for a built module (needs a GPU); one per key per process."""
+    if module.key not in _loaded:
+        import cupy
+        path = cache_dir() / f"{module.key}.cubin"
+        if not path.is_file():
+            path.write_bytes(module.cubin)
+        _loaded[module.key] = cupy.RawModule(path=str(path))
+    return _loaded[module.key]
