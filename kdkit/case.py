@@ -169,6 +169,7 @@ class Case:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
+            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a case is meant to be shared
             with os.fdopen(fd, "wb") as fh:
                 torch.save(self.to_record(), fh)
                 fh.flush()
@@ -184,6 +185,12 @@ class Case:
                 os.unlink(tmp)
             raise
         return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _plain(v):
@@ -352,14 +359,23 @@ def load(path: str | os.PathLike) -> Case:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such case file")
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+    # torch.save writes a zip (PK..), older torch a pickle (protocol byte 0x80): anything else is
+    # some other file, and should not be reported as a pickle the safe loader refused
+    if not (head.startswith(b"PK") or head.startswith(b"\x80")):
+        raise CaseError("<file>", f"cannot be read as a torch file (truncated or not a .pt?): it starts "
+                        f"with {head!r}, not a zip (torch.save) or a pickle", path)
     try:
         rec = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         # weights_only refuses any global it does not know: a pickle that would run code lands here
         raise CaseError("<pickle>", f"refused by the safe loader (weights_only=True); the file holds "
                         f"objects other than plain data and tensors, so it was not loaded: {_why(e)}", path) from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as e:
-        raise CaseError("<file>", f"cannot be read as a torch file (truncated or not a .pt?): {str(e).splitlines()[0]}", path) from None
+    except Exception as e:  # garbage bytes fail in many ways (EOFError, BadZipFile, IndexError, ...)
+        first = (str(e).splitlines() or [""])[0]
+        raise CaseError("<file>", f"cannot be read as a torch file (truncated or not a .pt?): "
+                        f"{type(e).__name__}: {first}", path) from None
     return from_record(rec, path)
 
 

@@ -46,6 +46,10 @@ class RequestProbs:
 def _request(case: Case, b: int):
     qs, qe = (int(x) for x in case.qo_indptr[b: b + 2])
     K, V, p = request_kv(case, b)
+    if K.shape[0] != p + (qe - qs):
+        raise ValueError(f"request {b}: {K.shape[0]} KV rows but prefix {p} + q_len {qe - qs} = "
+                         f"{p + qe - qs} columns in the mask; in the unified layout kv_indices must "
+                         "cover prefix + out_cache_loc (the seed's prefix-only bug: run `kdkit inspect`)")
     q = _f64(case.q[qs:qe])                     # [n, H, 576]
     K, V = _f64(K), _f64(V)                     # [kv, 576], [kv, 512]
     n, H = q.shape[0], q.shape[1]

@@ -181,8 +181,19 @@ class Plan:
                 "variant": self.config.variant}
 
 
-def _ptr(t):
-    return np.uint64(0 if t is None else t.data_ptr())
+def _dev(t):
+    """A zero-copy CuPy view (DLPack) of a torch tensor, or a null pointer for None.
+
+    bf16 and bool travel as same-width integers: the kernel reinterprets them, and CuPy has no
+    bfloat16 dtype."""
+    if t is None:
+        return np.uint64(0)
+    import cupy
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    elif t.dtype == torch.bool:
+        t = t.view(torch.uint8)
+    return cupy.from_dlpack(t.detach())
 
 
 def plan(x: Inputs, nsplit: int | None = None, variant: str = "correct", check: bool = True,
@@ -222,14 +233,14 @@ def plan(x: Inputs, nsplit: int | None = None, variant: str = "correct", check: 
         o_part = torch.empty(ns, total_rows, 512, dtype=torch.float32, device=dev)
         lse_part = torch.empty(ns, total_rows, dtype=torch.float32, device=dev)
     i32, f32 = np.int32, np.float32
-    args = (_ptr(x.q), i32(x.q.stride(0)), i32(x.q.stride(1)), _ptr(x.k), i32(x.k.stride(0)),
-            _ptr(x.v), i32(x.v.stride(0)), _ptr(x.kv_buffer), i32(x.kv_buffer.stride(0)),
-            _ptr(x.qo_indptr), _ptr(x.kv_indptr), _ptr(x.kv_indices), _ptr(x.prefix_lens),
-            _ptr(x.custom_mask), _ptr(x.mask_indptr), i32(H), i32(ns), i32(int(x.unified)),
+    args = (_dev(x.q), i32(x.q.stride(0)), i32(x.q.stride(1)), _dev(x.k), i32(x.k.stride(0)),
+            _dev(x.v), i32(x.v.stride(0)), _dev(x.kv_buffer), i32(x.kv_buffer.stride(0)),
+            _dev(x.qo_indptr), _dev(x.kv_indptr), _dev(x.kv_indices), _dev(x.prefix_lens),
+            _dev(x.custom_mask), _dev(x.mask_indptr), i32(H), i32(ns), i32(int(x.unified)),
             i32(int(x.causal)), f32(x.sm_scale), f32(x.logit_cap), i32(total_rows),
-            _ptr(o_part), _ptr(lse_part), _ptr(out), i32(out.stride(0)), i32(out.stride(1)), _ptr(lse))
-    reduce_args = (_ptr(o_part), _ptr(lse_part), i32(ns), i32(total_rows), i32(H), _ptr(out),
-                   i32(out.stride(0)), i32(out.stride(1)), _ptr(lse))
+            _dev(o_part), _dev(lse_part), _dev(out), i32(out.stride(0)), i32(out.stride(1)), _dev(lse))
+    reduce_args = (_dev(o_part), _dev(lse_part), i32(ns), i32(total_rows), i32(H), _dev(out),
+                   i32(out.stride(0)), i32(out.stride(1)), _dev(lse))
     grid = (-(-max_rows // cfg.rows), ns, sizes["bs"])
     return Plan(x, cfg, ns, grid, out, lse, mod.key, smem, partial, reduce_, args, reduce_args,
                 [o_part, lse_part])

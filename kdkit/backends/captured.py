@@ -1,0 +1,27 @@
+"""The output a captured case carries (case.ref_out / ref_lse: what the live Triton call wrote),
+served as a backend so that replay can compare against the production run without a GPU."""
+from __future__ import annotations
+
+from . import Result
+
+NAME = "captured"
+
+
+def unavailable(case=None):
+    if case is not None and getattr(case, "ref_out", None) is None:
+        return ("captured: this case holds no reference output (capture with `kdkit capture`, "
+                "whose SGLang hook stores the live Triton call's output in case.ref_out)")
+    return None
+
+
+def run(case, **opts) -> Result:
+    if opts:
+        raise TypeError(f"captured backend takes no options, got {sorted(opts)}")
+    why = unavailable(case)
+    if why:
+        raise RuntimeError(why)
+    lse = case.ref_lse.clone() if case.ref_lse is not None else None
+    info = {"device": str(case.ref_out.device), "dtype": str(case.ref_out.dtype).replace("torch.", ""),
+            "source": case.meta.get("source"), "gpu": case.meta.get("gpu"),
+            "sglang_version": case.meta.get("sglang_version")}
+    return Result(case.ref_out.clone(), lse, info)

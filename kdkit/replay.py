@@ -1,0 +1,221 @@
+"""Replay one case through several backends and judge each against a reference.
+
+    report = replay(case, ["oracle", "torch", "triton_sglang", "cuda", "captured"])
+    print(report.table())
+
+Each backend gets a fresh `case.clone()` (a backend that writes into its inputs cannot spoil the
+next one). The float64 oracle runs once. If SGLang's Triton kernel ran, its error against the
+oracle is the production error that the tolerance rule scales with (kdkit.compare.judge); if it
+did not but the case carries the live Triton output ("captured"), that serves instead. A backend
+that cannot run here is a "skipped" row with its one-line reason; one that raises is an "error"
+row; replay always goes on to the next.
+"""
+from __future__ import annotations
+
+import importlib
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from . import backends as _backends
+from . import oracle as _oracle
+from .compare import Metrics, Verdict, judge, metrics, seed_line
+
+# backends whose output *is* the production path (SGLang's Triton kernel), best first
+PRODUCTION = ("triton_sglang", "captured")
+
+
+@dataclass
+class Row:
+    backend: str
+    status: str                 # "pass" | "fail" | "skipped" | "error"
+    verdict: Verdict | None
+    seconds: float
+    info: dict = field(default_factory=dict)
+    reason: str = ""
+
+
+@dataclass
+class ReplayReport:
+    case_id: str
+    summary: str
+    against: str
+    rows: list[Row]
+    lint: list = field(default_factory=list)   # kdkit.lint Findings
+    label: str = ""                            # the case's short label for log lines (L56, case id)
+    production: str | None = None              # which backend gave the production error, if any
+    lint_error: str | None = None              # why lint findings are missing, if they are
+
+    @property
+    def passed(self) -> bool:
+        return all(r.status in ("pass", "skipped") for r in self.rows)
+
+    def row(self, backend: str) -> Row:
+        for r in self.rows:
+            if r.backend == backend:
+                return r
+        raise KeyError(f"no row for backend {backend!r}; rows: {[r.backend for r in self.rows]}")
+
+    def table(self) -> str:
+        head = ["backend", "status", "max_abs", "mean_abs", "rel", "cos_dist", "lse_err", "limit", "time"]
+        lines = [head]
+        for r in self.rows:
+            m = r.verdict.metrics if r.verdict else None
+            e = (lambda x: "-" if x is None else f"{x:.2e}")
+            lines.append([r.backend, r.status,
+                          e(m and m.max_abs), e(m and m.mean_abs), e(m and m.rel), e(m and m.cos_dist),
+                          e(m.lse_max_abs if m else None), e(r.verdict.limit if r.verdict else None),
+                          _fmt_time(r.seconds) if r.status in ("pass", "fail") else "-"])
+        widths = [max(len(str(row[i])) for row in lines) for i in range(len(head))]
+        out = [f"{self.summary}  (against {self.against}"
+               + (f", production = {self.production})" if self.production else ", no production path)")]
+        for row in lines:
+            out.append("  ".join(str(c).ljust(w) if i < 2 else str(c).rjust(w)
+                                 for i, (c, w) in enumerate(zip(row, widths))).rstrip())
+        for r in self.rows:
+            if r.status != "pass" and r.reason:
+                # unavailable() lines already start with the backend's name
+                lead = "" if r.reason.startswith(f"{r.backend}:") else f"{r.backend}: "
+                out.append(f"  {lead}{r.reason}")
+        if self.lint_error:
+            out.append(f"  lint: {self.lint_error}")
+        elif self.lint:
+            out.append(f"  lint: {len(self.lint)} finding(s): "
+                       + "; ".join(str(getattr(f, "code", f)) for f in self.lint))
+        return "\n".join(out)
+
+    def seed_lines(self) -> list[str]:
+        """One seed-style log line per judged backend: `[kdkit] L56 cuda max_abs_diff=...`."""
+        return [seed_line(f"{self.label} {r.backend}", r.verdict.metrics)
+                for r in self.rows if r.verdict is not None]
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def _fmt_time(s: float) -> str:
+    return f"{s * 1e3:.1f}ms" if s < 1 else f"{s:.2f}s"
+
+
+def _timed(name: str, case, opts: dict):
+    """Run a backend on a clone of the case; seconds include waiting for the device to finish."""
+    c = case.clone()
+    t0 = time.perf_counter()
+    res = _backends.get(name).run(c, **opts)
+    if isinstance(res.out, torch.Tensor) and res.out.is_cuda:
+        torch.cuda.synchronize(res.out.device)
+    return res, time.perf_counter() - t0
+
+
+def _check_shape(name: str, res, case):
+    want = (case.num_tokens, case.num_heads, case.v_head_dim)
+    if not isinstance(res.out, torch.Tensor) or tuple(res.out.shape) != want:
+        got = tuple(res.out.shape) if hasattr(res.out, "shape") else type(res.out).__name__
+        raise ValueError(f"{name} returned out of shape {got}, expected {want} [T, H, v_head_dim]")
+    if res.lse is not None and tuple(res.lse.shape) != want[:2]:
+        raise ValueError(f"{name} returned lse of shape {tuple(res.lse.shape)}, expected {want[:2]} [T, H]")
+
+
+def _lint(case):
+    try:
+        _lint_mod = importlib.import_module(f"{__package__}.lint")  # imported lazily
+    except ModuleNotFoundError as e:
+        if e.name == f"{__package__}.lint":
+            return [], "kdkit.lint is not installed in this kdkit; no lint findings"
+        raise
+    try:
+        return list(_lint_mod.check(case)), None
+    except Exception as e:  # a lint bug must not hide the numbers
+        return [], f"lint crashed: {type(e).__name__}: {e}"
+
+
+def replay(case, backends: list[str], against: str = "oracle", run_lint: bool = True,
+           **opts) -> ReplayReport:
+    """Run `backends` on clones of `case`, judge each against `against` ("oracle" or a backend).
+
+    opts are per-backend option dicts keyed by backend name, e.g. torch={"device": "cuda"}.
+    """
+    names = list(dict.fromkeys(backends))          # de-duplicated, order kept
+    unknown = [n for n in [*names, against] if n != "oracle" and n not in _backends.BACKENDS]
+    if unknown:
+        raise KeyError(f"unknown backend(s) {unknown}; choose from {', '.join(_backends.BACKENDS)}")
+    stray = [k for k in opts if k not in _backends.BACKENDS]
+    if stray:
+        raise TypeError(f"replay options {stray} are not backend names; pass per-backend options "
+                        f"as name={{...}}, e.g. torch={{'device': 'cuda'}}")
+    for k, v in opts.items():
+        if not isinstance(v, dict):
+            raise TypeError(f"replay option {k}= must be a dict of that backend's options, got {type(v).__name__}")
+
+    lint, lint_error = _lint(case) if run_lint else ([], "lint not run (run_lint=False)")
+
+    def report(rows, prod_name=None):
+        return ReplayReport(case_id=case.case_id, summary=case.summary(), against=against, rows=rows,
+                            lint=lint, label=case.label, production=prod_name, lint_error=lint_error)
+
+    # the oracle once: every judgement and the production error hang off it
+    results: dict[str, tuple] = {}
+    skipped: dict[str, str] = {}
+    errors: dict[str, str] = {}
+    t0 = time.perf_counter()
+    try:
+        o_out, o_lse = _oracle.run(case.clone())
+        results["oracle"] = (_backends.Result(torch.from_numpy(o_out), torch.from_numpy(o_lse),
+                                              {"device": "cpu", "dtype": "float64"}),
+                             time.perf_counter() - t0)
+    except Exception as e:
+        # a case the reference cannot even read (a marshaling bug): no number can be judged;
+        # every row says so and the lint findings say why
+        errors["oracle"] = f"{type(e).__name__}: {e}".splitlines()[0][:500]
+        if against == "oracle":
+            why = "not judged: the oracle could not run this case (its row says why; see the lint)"
+            return report([Row(n, "error", None, 0.0, {}, errors["oracle"] if n == "oracle" else why)
+                           for n in names])
+
+    todo = names + ([against] if against not in names else [])
+    for name in todo:
+        if name in results or name in errors:
+            continue
+        try:
+            why = _backends.unavailable(name, case)
+        except Exception as e:
+            errors[name] = f"unavailable() raised {type(e).__name__}: {e}"
+            continue
+        if why:
+            skipped[name] = why
+            continue
+        try:
+            res, secs = _timed(name, case, opts.get(name, {}))
+            _check_shape(name, res, case)
+            results[name] = (res, secs)
+        except Exception as e:
+            errors[name] = f"{type(e).__name__}: {e}".splitlines()[0][:500]
+
+    if against not in results:
+        why = skipped.get(against) or errors.get(against)
+        raise _backends.BackendUnavailable(f"reference {against!r} did not run: {why}")
+    ref = results[against][0]
+
+    production: Metrics | None = None
+    prod_name = next((p for p in PRODUCTION if p in results), None)  # ran: listed or reference
+    if prod_name and "oracle" in results:
+        oracle_res = results["oracle"][0]
+        pres = results[prod_name][0]
+        production = metrics(pres.out, oracle_res.out, pres.lse, oracle_res.lse)
+
+    rows: list[Row] = []
+    for name in names:
+        if name in skipped:
+            rows.append(Row(name, "skipped", None, 0.0, {}, skipped[name]))
+            continue
+        if name in errors:
+            rows.append(Row(name, "error", None, 0.0, {}, errors[name]))
+            continue
+        res, secs = results[name]
+        m = metrics(res.out, ref.out, res.lse, ref.lse)
+        # the production path is not judged against its own error: its row uses the floor alone
+        v = judge(name, m, ref.out, None if name == prod_name else production, against=against)
+        rows.append(Row(name, "pass" if v.passed else "fail", v, secs, dict(res.info),
+                        "" if v.passed else "; ".join(v.reasons)))
+    return report(rows, prod_name if production is not None else None)

@@ -1,0 +1,166 @@
+"""replay(): rows per backend, skipped / error rows, production error, the table and log lines."""
+import importlib.util
+import re
+import sys
+import types
+
+import pytest
+import torch
+
+from kdkit import backends, synth
+from kdkit.backends import torch_ref
+from kdkit.compare import out_floor
+from kdkit.replay import ReplayReport, replay
+
+ALL = ["oracle", "torch", "captured", "triton_sglang"]
+
+
+def _captured_case(**kw):
+    """The seed's shape with a stored reference output. The stand-in for the live Triton output is
+    the torch backend with P rounded to bf16 (what Triton does): a real kernel, not a mock."""
+    case = synth.seed_shape(**kw)
+    return case.clone(ref_out=torch_ref.run(case, p_bf16=True).out)
+
+
+def test_seed_shape_all_backends():
+    case = synth.seed_shape()
+    rep = replay(case, ALL)
+    assert isinstance(rep, ReplayReport) and rep.case_id == "seed-shape"
+    assert [r.backend for r in rep.rows] == ALL
+    assert rep.row("oracle").status == "pass" and rep.row("oracle").verdict.metrics.max_abs == 0.0
+    assert rep.row("torch").status == "pass"
+    cap = rep.row("captured")
+    assert cap.status == "skipped" and cap.reason.startswith("captured: this case holds no reference output")
+    tri = rep.row("triton_sglang")
+    why = backends.unavailable("triton_sglang", case)
+    if why:
+        assert tri.status == "skipped" and tri.reason == why and tri.verdict is None
+    else:
+        assert tri.status == "pass" and rep.production == "triton_sglang"
+    assert rep.passed  # skipped rows do not fail a replay
+
+
+def test_captured_output_is_judged_and_serves_as_production():
+    case = _captured_case()
+    rep = replay(case, ["oracle", "torch", "captured"])
+    cap = rep.row("captured")
+    assert cap.status == "pass" and cap.info["dtype"] == "bfloat16"
+    if backends.unavailable("triton_sglang", case):
+        assert rep.production == "captured"
+        tv = rep.row("torch").verdict
+        # limit = 2 x production error + 2^-7 max|ref|; the production row itself: 2^-6 max|ref| alone
+        m_ref = tv.metrics.ref_max_abs
+        assert cap.verdict.limit == pytest.approx(out_floor(m_ref)) == pytest.approx(2 ** -6 * m_ref)
+        assert tv.limit == pytest.approx(2 * cap.verdict.metrics.max_abs + 2 ** -7 * m_ref)
+        assert "2 x production" in tv.rule
+    assert rep.passed
+
+
+def test_wrong_captured_output_fails_with_reasons():
+    case = synth.seed_shape()
+    wrong = torch_ref.run(case.clone(sm_scale=1.0)).out           # a kernel that forgot sm_scale
+    rep = replay(case.clone(ref_out=wrong), ["oracle", "torch", "captured"])
+    row = rep.row("captured")
+    assert row.status == "fail" and not rep.passed
+    assert re.search(r"max_abs \S+ > limit \S+ = bf16 floor", row.reason)
+    assert "captured" in rep.table() and "fail" in rep.table()
+
+
+def test_error_row_and_replay_goes_on():
+    rep = replay(synth.seed_shape(), ["torch", "oracle"], torch={"bogus": 1})
+    assert rep.row("torch").status == "error" and "TypeError" in rep.row("torch").reason
+    assert rep.row("oracle").status == "pass"
+    assert not rep.passed
+
+
+def test_each_backend_gets_a_clone(monkeypatch):
+    """A deliberately bad backend that scribbles over its inputs must not spoil the next one."""
+    mod = types.ModuleType("kdkit_test_scribbler")
+    mod.NAME = "scribbler"
+    mod.unavailable = lambda case=None: None
+
+    def run(case, **opts):
+        res = torch_ref.run(case)
+        case.q.fill_(float("nan"))
+        case.kv_buffer.zero_()
+        case.custom_mask.fill_(False)
+        return res
+
+    mod.run = run
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    monkeypatch.setitem(backends.BACKENDS, "scribbler", mod.__name__)
+    case = synth.seed_shape()
+    q0, kv0 = case.q.clone(), case.kv_buffer.clone()
+    rep = replay(case, ["scribbler", "torch", "oracle"])
+    assert [r.status for r in rep.rows] == ["pass", "pass", "pass"]
+    assert torch.equal(case.q, q0)
+    assert torch.equal(torch.nan_to_num(case.kv_buffer.float()), torch.nan_to_num(kv0.float()))
+
+
+def test_against_a_backend():
+    case = _captured_case()
+    rep = replay(case, ["oracle", "torch"], against="captured")
+    assert rep.against == "captured" and rep.passed
+    # a bf16 reference: 3 x production + 2 x floor (see compare.judge)
+    assert "3 x production" in rep.row("torch").verdict.rule
+    with pytest.raises(backends.BackendUnavailable, match="captured"):
+        replay(synth.seed_shape(), ["torch"], against="captured")
+
+
+def test_bad_arguments_are_named():
+    case = synth.seed_shape()
+    with pytest.raises(KeyError, match="nosuch"):
+        replay(case, ["nosuch"])
+    with pytest.raises(TypeError, match="not backend names"):
+        replay(case, ["torch"], device="cuda")
+
+
+def test_table_and_seed_lines():
+    rep = replay(synth.seed_shape(), ALL)
+    tab = rep.table()
+    lines = tab.splitlines()
+    assert lines[0].startswith("seed-shape: synthetic bs=1 H=8 q_len=9 prefix=21")
+    assert lines[1].split() == ["backend", "status", "max_abs", "mean_abs", "rel", "cos_dist",
+                                "lse_err", "limit", "time"]
+    assert lines[3].split()[:2] == ["torch", "pass"]
+    # the columns line up: every table row has the header's length or is a reason line below
+    width = len(lines[1])
+    assert all(len(ln) <= width for ln in lines[2: 2 + len(ALL)])
+    assert "captured: this case holds no reference output" in tab
+    sl = rep.seed_lines()
+    assert len(sl) == sum(r.verdict is not None for r in rep.rows)   # one per judged backend
+    assert re.fullmatch(r"\[kdkit\] seed-shape torch max_abs_diff=\d\.\d{4}e[+-]\d\d "
+                        r"mean=\d\.\d{4}e[+-]\d\d rel=\d\.\d{4}e[+-]\d\d", sl[1])
+
+
+def test_lint_findings_are_attached():
+    case = synth.seed_shape()
+    rep = replay(case, ["oracle"])
+    if importlib.util.find_spec("kdkit.lint") is None:
+        # kdkit.lint is being written alongside; until it lands the report says so
+        assert rep.lint == [] and "kdkit.lint" in rep.lint_error
+    else:
+        from kdkit import lint
+        assert rep.lint_error is None
+        assert [f.code for f in rep.lint] == [f.code for f in lint.check(case)]
+    assert replay(case, ["oracle"], run_lint=False).lint_error.startswith("lint not run")
+
+
+def _seed_bug_prefix_only(case):
+    """Unified layout with kv_indices cut back to the prefix (the seed's second bug)."""
+    u = synth.make_case(bs=1, prefix=21, q_len=9, heads=8, tree="eagle", layout="unified")
+    p = int(u.prefix_lens[0])
+    return u.clone(kv_indices=u.kv_indices[:p].clone(), kv_indptr=torch.tensor([0, p], dtype=u.kv_indptr.dtype))
+
+
+def test_a_case_the_oracle_cannot_read_gives_error_rows_and_the_lint():
+    good = synth.make_case(bs=2, prefix=21, q_len=9, heads=8, tree="eagle")
+    sliced = good.clone(mask_indptr=good.mask_indptr[1:].clone())        # the seed's first bug
+    for bad in (sliced, _seed_bug_prefix_only(good)):
+        rep = replay(bad, ["oracle", "torch"])
+        assert [r.status for r in rep.rows] == ["error", "error"] and not rep.passed
+        assert rep.row("torch").reason.startswith("not judged: the oracle could not run this case")
+        assert rep.row("oracle").reason.startswith("ValueError: ")
+        if importlib.util.find_spec("kdkit.lint") is not None:
+            assert any(f.severity == "error" for f in rep.lint), rep.lint
+        assert "error" in rep.table()
