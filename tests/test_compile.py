@@ -79,3 +79,13 @@ ptxas         .     24 bytes stack frame, 8 bytes spill stores, 12 bytes spill l
 ptxas info    : Used 255 registers, used 1 barriers, 4096 bytes smem, 16 bytes lmem"""
     k = jit.parse_ptxas(log)["kfn"]
     assert (k.registers, k.smem_static, k.stack, k.spill_stores, k.spill_loads, k.local) == (255, 4096, 24, 8, 12, 16)
+
+
+def test_cli_compile(capsys):
+    from kdkit.cli import main
+    assert main(["compile", "--arch", "sm_120,sm_90"]) == 0
+    out = capsys.readouterr().out
+    assert "kd_mla_verify_partial" in out and "fits sm_120 limits: yes" in out and "sm_90" in out
+    assert main(["compile", "--arch", "sm_120", "--rows", "64"]) == 1  # 99 KB breach: static_assert
+    assert "99 KB" in capsys.readouterr().err
+    assert main(["compile", "--arch", "gfx90a"]) == 2

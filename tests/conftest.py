@@ -1,0 +1,92 @@
+"""Shared fixtures: the bundled cases, a hostile case file, and the `gpu` marker."""
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+# KDKIT_TEST_DATA points the tests at another build of the bundle (python -m kdkit.bundled --out DIR)
+DATA = Path(os.environ.get("KDKIT_TEST_DATA") or ROOT / "data" / "captured_tensors")
+BUNDLED = ("seed-shape", "ragged-bs4", "ddtree-b64", "long-prefix-8k")
+# known-failure cases: name -> the field its marshaling bug is in
+FAILURES = {"mask-indptr-sliced": "mask_indptr", "prefix-only-kv-indices": "kv_indices"}
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "gpu: needs a CUDA GPU (skipped, with the reason, where torch.cuda is unavailable)")
+
+
+def _no_gpu_reason() -> str | None:
+    if torch.cuda.is_available():
+        return None
+    if torch.version.cuda is None:
+        return f"needs a CUDA GPU: this torch ({torch.__version__}) is a CPU-only build"
+    return f"needs a CUDA GPU: torch {torch.__version__} (CUDA {torch.version.cuda}) sees no device"
+
+
+def pytest_collection_modifyitems(config, items):
+    why = _no_gpu_reason()
+    if why is None:
+        return
+    skip = pytest.mark.skip(reason=why)
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def bundled_path(name: str) -> Path:
+    """A bundled case file; fails (not skips) when it is missing: the repo ships them."""
+    path = DATA / f"{name}.pt" if name not in FAILURES else DATA / "failures" / f"{name}.pt"
+    if not path.is_file():
+        pytest.fail(f"{path} is missing: `make bundled` (python -m kdkit.bundled) writes it")
+    return path
+
+
+@pytest.fixture
+def seed_case_path() -> Path:
+    return bundled_path("seed-shape")
+
+
+@pytest.fixture(params=BUNDLED)
+def bundled_case_path(request) -> Path:
+    return bundled_path(request.param)
+
+
+@pytest.fixture(params=sorted(FAILURES))
+def failure_case(request) -> tuple[Path, str]:
+    """(path, the field its bug is in)."""
+    return bundled_path(request.param), FAILURES[request.param]
+
+
+class _WritesMarker:
+    """Unpickling this calls open(marker, "w"): it creates a file, proof that code ran."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def write_hostile(path: Path, marker: Path, as_torch: bool = True) -> Path:
+    """A file that looks like a case but runs code when loaded with a plain (unsafe) unpickler."""
+    rec = {"format": "kdkit-case", "schema_version": 1, "meta": {"source": "captured"},
+           "params": {}, "tensors": {"q": torch.zeros(1)}, "payload": _WritesMarker(marker)}
+    if as_torch:
+        torch.save(rec, path)
+    else:
+        with open(path, "wb") as fh:
+            pickle.dump(rec, fh)
+    return path
+
+
+@pytest.fixture
+def hostile_case(tmp_path) -> tuple[Path, Path]:
+    """(hostile file, marker path that exists only if the payload ran)."""
+    marker = tmp_path / "PAYLOAD_RAN"
+    return write_hostile(tmp_path / "hostile.pt", marker), marker
