@@ -4,6 +4,7 @@ VENV ?= .venv
 # SGLang's release whose Triton kernel source the triton_sglang backend loads (installed --no-deps:
 # kdkit reads the kernel files, it never imports the SGLang server). SGLANG= skips it.
 SGLANG ?= sglang==0.5.15.post1
+SGLANG_LAYOUTS ?= 0.5.10 0.5.15.post1 0.5.16 0.5.23
 PYTEST_ARGS ?=
 
 ifeq ($(strip $(VENV)),)
@@ -32,11 +33,13 @@ bundled: $(STAMP)
 # Set-up, re-run when pyproject.toml changes. torch first: `torch==2.13.0` takes the CPU build kept
 # on local disk, so the extras below resolve against it instead of pulling a CUDA build.
 ifneq ($(STAMP),)
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(VENV)/bin/python || python3 -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev]'
 	if [ -n "$(SGLANG)" ]; then $(PY) -m pip install -q --no-deps '$(SGLANG)'; fi
+	# wheels of other releases, only read by the loader tests (both module layouts: <=0.5.15, >=0.5.16)
+	for v in $(SGLANG_LAYOUTS); do $(PY) -m pip download -q --no-deps -d .cache/wheels "sglang==$$v" || true; done
 	if nvidia-smi -L >/dev/null 2>&1; then $(PY) -m pip install -q -e '.[dev,gpu]'; fi
 	touch $@
 endif

@@ -17,7 +17,9 @@
 
 using bf16 = __nv_bfloat16;
 
-extern "C" __global__ void __launch_bounds__(KD_THREADS)
+// min 1 block per SM: lets ptxas use up to 255 registers (NVRTC 13.0 otherwise caps sm_90 at 128
+// and spills); the ~95 KB of shared memory allows 1 block per SM on sm_120 anyway.
+extern "C" __global__ void __launch_bounds__(KD_THREADS, 1)
 kd_mla_verify_partial(const bf16* __restrict__ q, int q_stride_tok, int q_stride_head,
                       const bf16* __restrict__ k, int k_stride_tok,
                       const bf16* __restrict__ v, int v_stride_tok,
