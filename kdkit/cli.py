@@ -105,6 +105,8 @@ def print_replay(rep) -> None:
     # the table may carry a lint line of its own; errors are named here in any case
     if "lint:" not in table or any(f.severity == "error" for f in findings):
         print(f"lint: {lint_err}" if lint_err else report.lint_line(findings))
+    for line in report.ran(rep):
+        print(f"ran {line}")
     for line in rep.seed_lines():
         print(line)
     for row in report.rows_of(rep):

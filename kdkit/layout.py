@@ -93,3 +93,22 @@ def request_kv(case: Case, b: int):
         V = torch.cat([rows[:, :dv], case.v[qs:qe, 0].to(rows.dtype)])
         return K, V, ke - ks
     return rows, rows[:, :dv], int(case.prefix_lens[b])
+
+
+def draft_visibility(case: Case, b: int) -> torch.Tensor:
+    """[q_len, q_len] bool (on the case's device): which draft columns each draft row of request b
+    sees. SGLang's semantics: the request's mask block is q_len x (prefix + q_len) from
+    mask_indptr[b], its prefix columns skipped; no mask means causal (j <= i) or, if not causal, all.
+    """
+    qs, qe = (int(x) for x in case.qo_indptr[b: b + 2])
+    n = qe - qs
+    if case.custom_mask is None:
+        full = torch.ones(n, n, dtype=torch.bool, device=case.q.device)
+        return torch.tril(full) if case.causal else full
+    p = int(case.prefix_lens[b])
+    start = int(case.mask_indptr[b])
+    blk = case.custom_mask[start: start + n * (p + n)]
+    if blk.numel() != n * (p + n):
+        raise ValueError(f"custom_mask: request {b} needs {n}x{p + n} entries from offset {start}, "
+                         f"only {blk.numel()} left; run `kdkit inspect` for the marshaling lint")
+    return blk.reshape(n, p + n)[:, p:].bool()

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .case import Case
+from . import layout
 from .layout import request_kv
 
 
@@ -21,17 +22,7 @@ def _f64(t) -> np.ndarray:
 
 def draft_visibility(case: Case, b: int) -> np.ndarray:
     """[q_len, q_len] bool: which draft columns each draft row of request b sees."""
-    qs, qe = (int(x) for x in case.qo_indptr[b: b + 2])
-    n = qe - qs
-    if case.custom_mask is None:
-        return np.tril(np.ones((n, n), bool)) if case.causal else np.ones((n, n), bool)
-    p = int(case.prefix_lens[b])
-    start = int(case.mask_indptr[b])
-    blk = case.custom_mask[start: start + n * (p + n)]
-    if blk.numel() != n * (p + n):
-        raise ValueError(f"custom_mask: request {b} needs {n}x{p + n} entries from offset {start}, "
-                         f"only {blk.numel()} left; run `kdkit inspect` for the marshaling lint")
-    return blk.reshape(n, p + n)[:, p:].bool().numpy()
+    return layout.draft_visibility(case, b).cpu().numpy()
 
 
 @dataclass

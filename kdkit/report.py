@@ -185,6 +185,26 @@ def skipped(rep) -> list[tuple[str, str]]:
     return out
 
 
+def ran_line(row) -> str | None:
+    """One line saying what a backend that ran actually was (SGLang release, device, splits)."""
+    i = row.info or {}
+    if row.status not in ("pass", "fail") or not i:
+        return None
+    if "sglang_release" in i:
+        how = " under TRITON_INTERPRET=1" if i.get("interpreter") else ""
+        return (f"{row.backend}: SGLang {i['sglang_release']} ({i.get('source', '?')}), "
+                f"triton {i.get('triton', '?')} on {i.get('device', '?')}{how}")
+    if "nsplit" in i:
+        return f"{row.backend}: {i.get('device', '?')}, nsplit {i['nsplit']}, grid {i.get('grid')}, {i.get('module', '')}"
+    if "device" in i:
+        return f"{row.backend}: {i['device']}"
+    return None
+
+
+def ran(rep) -> list[str]:
+    return [line for line in (ran_line(r) for r in rows_of(rep)) if line]
+
+
 def failed(rep) -> list:
     return [r for r in rows_of(rep) if r.status in ("fail", "error")]
 
@@ -302,6 +322,8 @@ def render_markdown(reports: list, sources: list | None = None, stopped: list | 
         out += [_summary(rep), "", f"**Result: {line if ok else 'FAIL (' + line + ')'}**", "",
                 "### Lint", "", "```", _lint_text(rep), "```", "",
                 "### Backends", "", "```", rep.table(), "```", ""]
+        if ran(rep):
+            out += ["### What ran", ""] + [f"- {line}" for line in ran(rep)] + [""]
         seeds = list(rep.seed_lines())
         if seeds:
             out += ["### Seed-style diff lines", "", "```", *seeds, "```", ""]
@@ -339,6 +361,8 @@ def render_html(reports: list, sources: list | None = None, figures: bool = True
         body.append(f"<p>{esc(_summary(rep))}</p><p>{verdict}</p>")
         body.append(f"<h3>Lint</h3><pre>{esc(_lint_text(rep))}</pre>")
         body.append(f"<h3>Backends</h3><pre>{esc(rep.table())}</pre>")
+        if ran(rep):
+            body.append("<h3>What ran</h3><ul>" + "".join(f"<li>{esc(x)}</li>" for x in ran(rep)) + "</ul>")
         seeds = list(rep.seed_lines())
         if seeds:
             body.append(f"<h3>Seed-style diff lines</h3><pre>{esc(chr(10).join(seeds))}</pre>")

@@ -172,3 +172,15 @@ def test_cli_as_subprocess(seed_case_path):
                        capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "lint: clean" in p.stdout
+
+
+def test_replay_names_the_sglang_release(capsys, seed_case_path):
+    """Issue 4's CPU check: replay through SGLang's kernel passes and says which release ran."""
+    from kdkit import backends
+    why = backends.unavailable("triton_sglang")
+    if why:
+        pytest.skip(why)
+    rc = main(["replay", str(seed_case_path), "--backends", "triton_sglang,torch,oracle"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert re.search(r"^ran triton_sglang: SGLang \d+\.\d+\.\d+\S* \(", out, re.M), out

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import layout
 from ..layout import request_kv
 from . import Result
 
@@ -29,22 +30,8 @@ def unavailable(case=None):
 
 
 def draft_visibility(case, b: int, device) -> torch.Tensor:
-    """[q_len, q_len] bool on `device`: which draft columns each draft row of request b sees.
-
-    Same semantics as kdkit.oracle.draft_visibility, in torch so it runs where the case lives.
-    """
-    qs, qe = (int(x) for x in case.qo_indptr[b: b + 2])
-    n = qe - qs
-    if case.custom_mask is None:
-        full = torch.ones(n, n, dtype=torch.bool, device=device)
-        return torch.tril(full) if case.causal else full
-    p = int(case.prefix_lens[b])
-    start = int(case.mask_indptr[b])
-    blk = case.custom_mask[start: start + n * (p + n)]
-    if blk.numel() != n * (p + n):
-        raise ValueError(f"custom_mask: request {b} needs {n}x{p + n} entries from offset {start}, "
-                         f"only {blk.numel()} left; run `kdkit inspect` for the marshaling lint")
-    return blk.reshape(n, p + n)[:, p:].to(device=device, dtype=torch.bool)
+    """[q_len, q_len] bool on `device` (kdkit.layout.draft_visibility, moved)."""
+    return layout.draft_visibility(case, b).to(device)
 
 
 def _request(case, b, device, p_bf16, chunk_elems):
