@@ -12,6 +12,7 @@ tree shape, the seed's marshaling bugs) belong to `kdkit.lint`, which explains i
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import os
 import pickle
 import tempfile
@@ -163,23 +164,23 @@ class Case:
     def save(self, path: str | os.PathLike, overwrite: bool = False) -> Path:
         """Write atomically (temp file in the same folder, then rename); never clobber unless asked."""
         path = Path(path)
-        validate(self, path)
+        record = self.to_record()
+        from_record(record, path)  # exactly the checks load() will apply to what is written
         if path.exists() and not overwrite:
             raise FileExistsError(f"{path} exists; pass overwrite=True (or --force) to replace it")
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
-            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a case is meant to be shared
+            os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; a case is meant to be shared
             with os.fdopen(fd, "wb") as fh:
-                torch.save(self.to_record(), fh)
+                torch.save(record, fh)
                 fh.flush()
                 os.fsync(fh.fileno())
             if overwrite:
                 os.replace(tmp, path)
             else:
                 # link() fails if the name appeared meanwhile: nothing a user captured is clobbered
-                os.link(tmp, path)
-                os.unlink(tmp)
+                _link_no_clobber(tmp, path)
         except BaseException:
             if os.path.exists(tmp):
                 os.unlink(tmp)
@@ -187,10 +188,28 @@ class Case:
         return path
 
 
-def _umask() -> int:
+def _read_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+_UMASK = _read_umask()  # once, at import: os.umask has no read-only form and is process-wide
+
+
+def _link_no_clobber(tmp: str, path: Path) -> None:
+    """Give `tmp` the name `path` only if no file has it: link() where the filesystem has hard
+    links, else an O_EXCL reservation of the name followed by a rename onto it."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise FileExistsError(f"{path} appeared while saving; nothing was overwritten") from None
+    except OSError:  # exFAT, some network mounts: no hard links
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666 & ~_UMASK)
+        os.close(fd)
+        os.replace(tmp, path)
+        return
+    os.unlink(tmp)
 
 
 def _plain(v):
@@ -224,9 +243,17 @@ def new_meta(source: str, **kw: Any) -> dict:
 
 
 # ---- validation --------------------------------------------------------------------------
+MAX_ELEMENTS = 1 << 34  # 16 G elements: far above any real call, below what a forged size allocates
+
+
 def _check_tensor(path, name, t, dtypes, ndim, fix):
     if not isinstance(t, torch.Tensor):
         raise CaseError(name, f"expected a tensor, got {type(t).__name__}. {fix}", path)
+    # a forged file can hold sparse tensors or stride-0 views that claim billions of elements
+    if t.layout != torch.strided or not t.is_contiguous() or t.numel() > MAX_ELEMENTS:
+        raise CaseError(name, f"not a dense contiguous tensor of sane size (layout {t.layout}, shape "
+                        f"{tuple(t.shape)}, strides {t.stride() if t.layout == torch.strided else '-'}); "
+                        "kdkit saves dense CPU tensors: re-save the case with Case.save", path)
     if t.dtype not in dtypes:
         want = ", ".join(str(d).replace("torch.", "") for d in dtypes)
         raise CaseError(name, f"dtype {str(t.dtype).replace('torch.', '')} not allowed (want {want}). {fix}", path)
@@ -261,10 +288,10 @@ def validate(case: Case, path=None) -> None:
         raise CaseError("num_heads", f"{H} is not a head count (1..1024)", path)
     if Dv != Dl:
         raise CaseError("v_head_dim", f"MLA reads values from the latent: v_head_dim {Dv} must equal kv_lora_rank {Dl}", path)
-    if not (case.sm_scale > 0 and case.sm_scale < 1e4):
+    if not (case.sm_scale > 0 and case.sm_scale < 1e4):  # also refuses NaN
         raise CaseError("sm_scale", f"{case.sm_scale} is not a positive softmax scale", path)
-    if case.logit_cap < 0:
-        raise CaseError("logit_cap", f"{case.logit_cap} < 0; use 0.0 for no cap", path)
+    if not math.isfinite(case.logit_cap) or case.logit_cap < 0:
+        raise CaseError("logit_cap", f"{case.logit_cap} must be finite and >= 0; use 0.0 for no cap", path)
     D = Dl + Dr
     fix_f = "Store it as captured from forward_extend (bf16 on the GPU), moved to the CPU."
     _check_tensor(path, "q", case.q, FLOAT_DTYPES, 3, fix_f)

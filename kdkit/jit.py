@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 CUDA_DIR = Path(__file__).parent / "cuda"
-_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*(?://.*|/\*.*\*/\s*)?$')
+_ANY_QUOTED_INCLUDE = re.compile(r'^\s*#\s*include\s+"')
 # instructions sm_120 does not have (Hopper/Blackwell datacenter only)
 FORBIDDEN_PTX = ("wgmma", "cp.async.bulk", "tcgen05", "setmaxnreg")
 SM120_SMEM_LIMIT = 99 * 1024
@@ -37,6 +38,11 @@ def expand(path: Path, seen: tuple = ()) -> str:
         if m and (path.parent / m.group(1)).is_file():
             out.append(expand(path.parent / m.group(1), seen + (path,)))
             out.append(f'#line {n + 1} "{path}"')
+        elif _ANY_QUOTED_INCLUDE.match(line):
+            # a quoted include we did not inline would be found by NVRTC on its own, outside the
+            # cache key: refuse it rather than risk serving a stale build
+            raise BuildError(f'{path}:{n}: cannot inline {line.strip()!r} (kdkit headers sit next '
+                             'to the source; use <...> for system headers)')
         elif line.strip() == "#pragma once":
             out.append("")  # each header is inlined exactly where it is included
         else:
@@ -71,6 +77,24 @@ def _nvrtc():
 def nvrtc_version() -> str:
     err, major, minor = _nvrtc().nvrtcVersion()
     return f"{major}.{minor}"
+
+
+def toolkit_fingerprint(include_dir: str) -> str:
+    """What else decides the build: NVRTC's full package version and the CUDA headers we include
+    (patch releases change both without changing nvrtcVersion's major.minor)."""
+    from importlib import metadata
+    parts = [nvrtc_version()]
+    for dist in ("nvidia-cuda-nvrtc", "nvidia-cuda-runtime"):
+        try:
+            parts.append(f"{dist}=={metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            pass
+    h = hashlib.sha256()
+    for name in ("cuda_bf16.h", "cuda_bf16.hpp"):
+        p = Path(include_dir) / name
+        if p.is_file():
+            h.update(p.read_bytes())
+    return ";".join(parts + [h.hexdigest()[:16]])
 
 
 def _check(nvrtc, res, what):
@@ -144,10 +168,11 @@ def build(source: str | Path, defines: dict, arch: str, tags: dict | None = None
     """
     src_path = CUDA_DIR / source if not Path(source).is_absolute() else Path(source)
     text = expand(src_path)
+    include = cuda_include_dir()
     opts = [f"--gpu-architecture={arch}", "-std=c++17", "-Xptxas=-v", "--use_fast_math",
-            f"-I{cuda_include_dir()}", "-default-device"]
+            f"-I{include}", "-default-device"]
     opts += [f"-D{k}={v}" for k, v in defines.items()]
-    ver = nvrtc_version()
+    ver = toolkit_fingerprint(include)
     digest = hashlib.sha256("\n".join([text, *opts, ver]).encode()).hexdigest()
     key = module_key(src_path.stem, tags or defines, arch, digest)
     cdir = cache_dir()
@@ -175,12 +200,19 @@ def build(source: str | Path, defines: dict, arch: str, tags: dict | None = None
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
     ptx_s = ptx.decode(errors="replace").rstrip("\x00")
-    # write-then-rename: a concurrent build of the same key never sees half a file
     for p, data in ((cubin_p, cubin), (ptx_p, ptx_s.encode()), (log_p, log.encode())):
-        tmp = p.with_suffix(p.suffix + f".{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, p)
+        _write_atomic(p, data)
     return Module(key, arch, cubin, ptx_s, log, dict(defines), parse_ptxas(log))
+
+
+def _write_atomic(p: Path, data: bytes) -> None:
+    """Write-then-rename with a unique temp name: a concurrent build (another process or thread)
+    of the same key never sees half a file."""
+    import tempfile
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, p)
 
 
 def device_arch() -> str:
@@ -192,12 +224,16 @@ def device_arch() -> str:
 _loaded: dict = {}
 
 
-def load(module: Module):
-    """The cupy.RawModule for a built module (needs a GPU); one per key per process."""
-    if module.key not in _loaded:
-        import cupy
+def load(module: Module, device: int | None = None):
+    """The cupy.RawModule for a built module on a GPU (CuPy's current one by default); one per
+    (key, device) per process: a module is loaded into one device's context."""
+    import cupy
+    dev = cupy.cuda.Device(device if device is not None else cupy.cuda.runtime.getDevice())
+    slot = (module.key, dev.id)
+    if slot not in _loaded:
         path = cache_dir() / f"{module.key}.cubin"
         if not path.is_file():
-            path.write_bytes(module.cubin)
-        _loaded[module.key] = cupy.RawModule(path=str(path))
-    return _loaded[module.key]
+            _write_atomic(path, module.cubin)
+        with dev:
+            _loaded[slot] = cupy.RawModule(path=str(path))
+    return _loaded[slot]

@@ -68,12 +68,14 @@ def run(case: Case, with_probs: bool = False):
             per_req.append(None)
             continue
         m = s.max(axis=-1, keepdims=True)
-        m = np.where(np.isfinite(m), m, 0.0)
-        e = np.exp(s - m)
+        # only a row whose every column is masked (-inf) is empty; a NaN logit (a NaN input the
+        # row really sees, an infinite cap) must poison the row, never pass as "sees nothing"
+        empty = m == -np.inf
+        e = np.exp(s - np.where(empty, 0.0, m))
         den = e.sum(axis=-1, keepdims=True)
         with np.errstate(invalid="ignore", divide="ignore"):
-            P = np.where(den > 0, e / den, 0.0)
-            lse[qs:qe] = np.where(den[..., 0] > 0, np.log(den[..., 0]) + m[..., 0], -np.inf)
+            P = np.where(empty, 0.0, e / np.where(empty, 1.0, den))
+            lse[qs:qe] = np.where(empty[..., 0], -np.inf, np.log(den[..., 0]) + m[..., 0])
         # masked-out columns are exactly 0 in P; 0 * NaN from a poisoned row would still be NaN,
         # which is right: a visible NaN row should poison the oracle too.
         Vz = np.where(vis.any(axis=0)[:, None], V, 0.0)

@@ -32,7 +32,7 @@ def time_us(fn, reps=50):
 print(f"{'bs':>3s} {'prefix':>7s} {'nsplit':>6s} {'us':>9s} {'GB/s':>7s}")
 for bs, prefix in [(1, 21), (1, 8192), (1, 32768), (1, 131072), (8, 8192), (32, 4096)]:
     case = synth.make_case(bs=bs, prefix=prefix, q_len=9, heads=8, tree="ddtree", seed=1)
-    p = cuda.plan(cuda.Inputs.from_case(case))
+    p = cuda.plan(cuda.Inputs.from_case(case), max_q_len=9)  # verify graphs keep q_len fixed
     us = time_us(lambda: cuda.launch(p))
     nbytes = bs * (prefix + 9) * 576 * 2 + 2 * bs * 9 * 8 * 576 * 2
     print(f"{bs:3d} {prefix:7d} {p.nsplit:6d} {us:9.1f} {nbytes / us / 1e3:7.0f}")

@@ -215,3 +215,35 @@ def test_seed_shaped_case_is_small(tmp_path):
     path = seed_shape().save(tmp_path / "seed.pt")
     assert os.path.getsize(path) < 1_000_000
     assert os.path.getsize(bundled_path("seed-shape")) < 1_000_000
+
+
+def test_forged_tensor_layouts_are_refused(saved, tmp_path):
+    """A stride-0 view claiming 1e11 elements (a few bytes on disk) or a sparse tensor is refused at
+    load with a CaseError, before any check allocates or reads through it."""
+    case, _ = saved
+    rec = case.to_record()
+    rec["tensors"]["kv_indices"] = torch.zeros(1, dtype=torch.int32).expand(10**11)
+    _expect(_save_record(rec, tmp_path / "stride0.pt"), "kv_indices", "dense contiguous")
+    rec = case.to_record()
+    rec["tensors"]["q"] = rec["tensors"]["q"].to_sparse()
+    _expect(_save_record(rec, tmp_path / "sparse.pt"), "q", "dense contiguous")
+
+
+@pytest.mark.parametrize("cap", [float("inf"), float("nan"), -1.0])
+def test_non_finite_or_negative_logit_cap_is_refused(saved, tmp_path, cap):
+    case, _ = saved
+    rec = case.to_record()
+    rec["params"]["logit_cap"] = cap
+    _expect(_save_record(rec, tmp_path / "cap.pt"), "logit_cap", "finite")
+
+
+def test_save_without_hard_links_still_never_clobbers(tmp_path, monkeypatch):
+    """Filesystems without link() (exFAT, some mounts) fall back to an O_EXCL reservation."""
+    def no_links(src, dst):
+        raise PermissionError("operation not permitted")
+    monkeypatch.setattr(os, "link", no_links)
+    case = seed_shape()
+    path = case.save(tmp_path / "x.pt")
+    assert load(path).case_id == case.case_id and not list(tmp_path.glob(".*.tmp"))
+    with pytest.raises(FileExistsError):
+        case.save(path)

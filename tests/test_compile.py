@@ -89,3 +89,24 @@ def test_cli_compile(capsys):
     assert main(["compile", "--arch", "sm_120", "--rows", "64"]) == 1  # 99 KB breach: static_assert
     assert "99 KB" in capsys.readouterr().err
     assert main(["compile", "--arch", "gfx90a"]) == 2
+
+
+def test_include_with_trailing_comment_is_inlined(tmp_path, monkeypatch):
+    """`#include "x.cuh" // why` must still be inlined (and so hashed into the key)."""
+    monkeypatch.setenv("KDKIT_CACHE", str(tmp_path / "cache"))
+    src = tmp_path / "cuda"
+    shutil.copytree(jit.CUDA_DIR, src)
+    cu = src / vk.SOURCE
+    cu.write_text(cu.read_text().replace('#include "mla_verify_common.cuh"',
+                                         '#include "mla_verify_common.cuh"  // config + helpers'))
+    a = jit.build(cu, vk.KernelConfig().defines(), "sm_90")
+    hdr = src / "mla_verify_common.cuh"
+    hdr.write_text(hdr.read_text().replace("#define KD_PAD 8", "#define KD_PAD 16"))
+    assert jit.build(cu, vk.KernelConfig().defines(), "sm_90").key != a.key
+
+
+def test_unresolvable_quoted_include_is_refused(tmp_path):
+    cu = tmp_path / "x.cu"
+    cu.write_text('#include "elsewhere/not_here.cuh"\n__global__ void k() {}\n')
+    with pytest.raises(jit.BuildError, match="cannot inline"):
+        jit.expand(cu)

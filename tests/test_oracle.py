@@ -170,3 +170,18 @@ def test_nan_poisoned_unreferenced_rows_do_not_leak():
     bad = full.clone()
     bad.kv_buffer[int(bad.kv_indices[0])] = float("nan")
     assert np.isnan(oracle.run(bad)[0][:3]).all()
+
+
+def test_nan_logits_poison_the_row_instead_of_emptying_it():
+    """A NaN the row really sees (here in the rope dims of a visible prefix row) must make the
+    oracle's row NaN, so judging against it fails; it must not pass as a row that sees nothing."""
+    from kdkit import compare
+    from kdkit.backends import torch_ref
+    case = synth.seed_shape()
+    case.kv_buffer[int(case.kv_indices[3]), 0, 520] = float("nan")
+    out, lse = oracle.run(case)
+    assert np.isnan(out).all() and np.isnan(lse).all()  # every row sees the whole prefix
+    res = torch_ref.run(case)
+    v = compare.judge("torch", compare.metrics(res.out, out, res.lse, lse), out)
+    assert not v.passed and "non-finite" in v.reasons[0]
+    assert v.metrics.empty_rows == 0

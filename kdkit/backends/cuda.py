@@ -143,7 +143,8 @@ def check_values(x: Inputs) -> dict:
         need = q_lens * (prefix + q_lens)
         _require(bool((mip.diff() == need).all()) and int(mip[0]) == 0, "mask_indptr",
                  f"offsets {mip.tolist()[:6]}... do not match the blocks q_len*(prefix+q_len) = {need.tolist()[:6]}...")
-        _require(int(mip[-1]) == x.custom_mask.numel(), "custom_mask",
+        # <=: SGLang's CUDA-graph mask is a preallocated buffer, longer than the live blocks
+        _require(int(mip[-1]) <= x.custom_mask.numel(), "custom_mask",
                  f"{x.custom_mask.numel()} entries, the mask_indptr says {int(mip[-1])}")
     kv_lens = prefix + q_lens
     return {"max_q_len": int(q_lens.max()), "max_kv_len": int(kv_lens.max()), "bs": int(q_lens.numel())}
@@ -197,32 +198,50 @@ def _dev(t):
 
 
 def plan(x: Inputs, nsplit: int | None = None, variant: str = "correct", check: bool = True,
-         rows: int = 16) -> Plan:
+         rows: int = 16, max_q_len: int | None = None) -> Plan:
+    """Host work for one shape. The grid covers `max_q_len` tokens per request; None covers all T
+    tokens of the call, so a CUDA-graph replay stays right however the same T tokens are split
+    among the requests (SGLang's verify graphs keep q_len fixed: pass it to trim the grid).
+    Prefix lengths may change freely between replays: each block finds its KV range on the GPU."""
     check_layout(x)
+    dev = x.q.device
+    with torch.cuda.device(dev):
+        return _plan(x, nsplit, variant, check, rows, max_q_len, dev)
+
+
+def _plan(x, nsplit, variant, check, rows, max_q_len, dev) -> Plan:
+    import cupy
     if check:
         sizes = check_values(x)
     else:
-        # the hot path in a live server: the caller vouches for the data; sizes still need a look
+        # the caller vouches for the data; the sizes still need one look at the index arrays
         qo = x.qo_indptr.long().cpu()
         kvp = x.kv_indptr.long().cpu()
         q_lens = qo.diff()
         kvl = (kvp.diff() + (0 if x.unified else q_lens))
         sizes = {"max_q_len": int(q_lens.max()), "max_kv_len": int(kvl.max()), "bs": int(q_lens.numel())}
+    T, H = x.q.shape[0], x.q.shape[1]
+    if max_q_len is None:
+        max_q_len = T
+    if not sizes["max_q_len"] <= int(max_q_len) <= T:
+        raise InputError(f"field 'max_q_len': {max_q_len} must lie in [{sizes['max_q_len']} (the longest "
+                         f"request now), T={T}]")
     if nsplit is not None and not 1 <= int(nsplit) <= MAX_SPLITS:
         raise InputError(f"field 'nsplit': {nsplit} outside 1..{MAX_SPLITS}")
     from .. import jit
     cfg = vk.KernelConfig(rows=rows, variant=variant, qo_t=x.qo_indptr.dtype, kvp_t=x.kv_indptr.dtype,
                           kvi_t=x.kv_indices.dtype, pfx_t=x.prefix_lens.dtype,
                           mip_t=x.mask_indptr.dtype if x.mask_indptr is not None else torch.int64)
-    dev = x.q.device
-    T, H = x.q.shape[0], x.q.shape[1]
     total_rows = T * H
-    max_rows = sizes["max_q_len"] * H
     sm_count = torch.cuda.get_device_properties(dev).multi_processor_count
     ns = int(nsplit) if nsplit is not None else choose_nsplit(
-        sizes["bs"], max_rows, sizes["max_kv_len"], sm_count, cfg, total_rows)
+        sizes["bs"], sizes["max_q_len"] * H, sizes["max_kv_len"], sm_count, cfg, total_rows)
+    if ns > 1 and ns * total_rows * 512 * 4 > WORKSPACE_LIMIT:
+        raise InputError(f"field 'nsplit': {ns} splits x {total_rows} rows x 512 fp32 needs "
+                         f"{ns * total_rows * 2048 >> 20} MiB of workspace (limit {WORKSPACE_LIMIT >> 20} MiB); "
+                         "use fewer splits (nsplit=None chooses)")
     mod = vk.build(cfg, jit.device_arch())
-    raw = jit.load(mod)
+    raw = jit.load(mod, dev.index if dev.index is not None else torch.cuda.current_device())
     partial, reduce_ = raw.get_function("kd_mla_verify_partial"), raw.get_function("kd_mla_verify_reduce")
     smem = cfg.smem_bytes()
     partial.max_dynamic_shared_size_bytes = smem
@@ -233,23 +252,24 @@ def plan(x: Inputs, nsplit: int | None = None, variant: str = "correct", check: 
         o_part = torch.empty(ns, total_rows, 512, dtype=torch.float32, device=dev)
         lse_part = torch.empty(ns, total_rows, dtype=torch.float32, device=dev)
     i32, f32 = np.int32, np.float32
-    args = (_dev(x.q), i32(x.q.stride(0)), i32(x.q.stride(1)), _dev(x.k), i32(x.k.stride(0)),
-            _dev(x.v), i32(x.v.stride(0)), _dev(x.kv_buffer), i32(x.kv_buffer.stride(0)),
-            _dev(x.qo_indptr), _dev(x.kv_indptr), _dev(x.kv_indices), _dev(x.prefix_lens),
-            _dev(x.custom_mask), _dev(x.mask_indptr), i32(H), i32(ns), i32(int(x.unified)),
-            i32(int(x.causal)), f32(x.sm_scale), f32(x.logit_cap), i32(total_rows),
-            _dev(o_part), _dev(lse_part), _dev(out), i32(out.stride(0)), i32(out.stride(1)), _dev(lse))
-    reduce_args = (_dev(o_part), _dev(lse_part), i32(ns), i32(total_rows), i32(H), _dev(out),
-                   i32(out.stride(0)), i32(out.stride(1)), _dev(lse))
-    grid = (-(-max_rows // cfg.rows), ns, sizes["bs"])
+    with cupy.cuda.Device(out.device.index):
+        args = (_dev(x.q), i32(x.q.stride(0)), i32(x.q.stride(1)), _dev(x.k), i32(x.k.stride(0)),
+                _dev(x.v), i32(x.v.stride(0)), _dev(x.kv_buffer), i32(x.kv_buffer.stride(0)),
+                _dev(x.qo_indptr), _dev(x.kv_indptr), _dev(x.kv_indices), _dev(x.prefix_lens),
+                _dev(x.custom_mask), _dev(x.mask_indptr), i32(H), i32(ns), i32(int(x.unified)),
+                i32(int(x.causal)), f32(x.sm_scale), f32(x.logit_cap), i32(total_rows),
+                _dev(o_part), _dev(lse_part), _dev(out), i32(out.stride(0)), i32(out.stride(1)), _dev(lse))
+        reduce_args = (_dev(o_part), _dev(lse_part), i32(ns), i32(total_rows), i32(H), _dev(out),
+                       i32(out.stride(0)), i32(out.stride(1)), _dev(lse))
+    grid = (-(-int(max_q_len) * H // cfg.rows), ns, sizes["bs"])
     return Plan(x, cfg, ns, grid, out, lse, mod.key, smem, partial, reduce_, args, reduce_args,
                 [o_part, lse_part])
 
 
-def _torch_stream():
-    """CuPy's view of torch's current stream (launches must join torch's stream order)."""
+def _torch_stream(device):
+    """CuPy's view of torch's current stream on `device` (launches join torch's stream order)."""
     import cupy
-    ts = torch.cuda.current_stream()
+    ts = torch.cuda.current_stream(device)
     try:
         return cupy.cuda.Stream.from_external(ts)  # CuPy >= 14: the CUDA stream protocol
     except (AttributeError, TypeError):
@@ -258,7 +278,8 @@ def _torch_stream():
 
 def launch(p: Plan):
     """Launches only (graph-capturable). Returns the plan's (out, lse) buffers."""
-    with _torch_stream():
+    import cupy
+    with cupy.cuda.Device(p.out.device.index), _torch_stream(p.out.device):
         p._partial(p.grid, (vk.THREADS,), p._args, shared_mem=p.smem)
         if p.nsplit > 1:
             p._reduce((p.out.shape[0] * p.out.shape[1],), (vk.THREADS,), p._reduce_args)
@@ -274,7 +295,8 @@ def run(case, nsplit: int | None = None, variant: str = "correct", check: bool =
         if errs:
             raise InputError("; ".join(f"field '{e.field}': {e.message} (fix: {e.fix})" for e in errs[:3]))
     x = Inputs.from_case(case, device)
-    p = plan(x, nsplit=nsplit, variant=variant, check=check)
+    # a one-off run knows its requests: size the grid for the longest, not for all T tokens
+    p = plan(x, nsplit=nsplit, variant=variant, check=check, max_q_len=max(case.q_lens))
     out, lse = launch(p)
-    torch.cuda.synchronize()
-    return Result(out.clone(), lse.clone(), {"device": torch.cuda.get_device_name(), **p.info})
+    torch.cuda.synchronize(out.device)
+    return Result(out.clone(), lse.clone(), {"device": torch.cuda.get_device_name(out.device), **p.info})
