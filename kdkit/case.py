@@ -16,7 +16,6 @@ import math
 import os
 import pickle
 import tempfile
-import zipfile
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any

@@ -224,16 +224,14 @@ def device_arch() -> str:
 _loaded: dict = {}
 
 
-def load(module: Module, device: int | None = None):
-    """The cupy.RawModule for a built module on a GPU (CuPy's current one by default); one per
-    (key, device) per process: a module is loaded into one device's context."""
+def load(module: Module):
+    """The cupy.RawModule for a built module on the current GPU; one per (key, device) per
+    process: a module lives in one device's context."""
     import cupy
-    dev = cupy.cuda.Device(device if device is not None else cupy.cuda.runtime.getDevice())
-    slot = (module.key, dev.id)
+    slot = (module.key, cupy.cuda.runtime.getDevice())
     if slot not in _loaded:
         path = cache_dir() / f"{module.key}.cubin"
         if not path.is_file():
             _write_atomic(path, module.cubin)
-        with dev:
-            _loaded[slot] = cupy.RawModule(path=str(path))
+        _loaded[slot] = cupy.RawModule(path=str(path))
     return _loaded[slot]

@@ -205,12 +205,10 @@ def plan(x: Inputs, nsplit: int | None = None, variant: str = "correct", check: 
     Prefix lengths may change freely between replays: each block finds its KV range on the GPU."""
     check_layout(x)
     dev = x.q.device
-    with torch.cuda.device(dev):
-        return _plan(x, nsplit, variant, check, rows, max_q_len, dev)
-
-
-def _plan(x, nsplit, variant, check, rows, max_q_len, dev) -> Plan:
-    import cupy
+    if dev.index is not None and dev.index != torch.cuda.current_device():
+        # the module, the stream and CuPy's context all follow the current device
+        raise InputError(f"field 'q': on {dev} but the current device is cuda:{torch.cuda.current_device()}; "
+                         f"plan and launch under `with torch.cuda.device({dev.index}):`")
     if check:
         sizes = check_values(x)
     else:
@@ -241,7 +239,7 @@ def _plan(x, nsplit, variant, check, rows, max_q_len, dev) -> Plan:
                          f"{ns * total_rows * 2048 >> 20} MiB of workspace (limit {WORKSPACE_LIMIT >> 20} MiB); "
                          "use fewer splits (nsplit=None chooses)")
     mod = vk.build(cfg, jit.device_arch())
-    raw = jit.load(mod, dev.index if dev.index is not None else torch.cuda.current_device())
+    raw = jit.load(mod)
     partial, reduce_ = raw.get_function("kd_mla_verify_partial"), raw.get_function("kd_mla_verify_reduce")
     smem = cfg.smem_bytes()
     partial.max_dynamic_shared_size_bytes = smem
@@ -252,24 +250,23 @@ def _plan(x, nsplit, variant, check, rows, max_q_len, dev) -> Plan:
         o_part = torch.empty(ns, total_rows, 512, dtype=torch.float32, device=dev)
         lse_part = torch.empty(ns, total_rows, dtype=torch.float32, device=dev)
     i32, f32 = np.int32, np.float32
-    with cupy.cuda.Device(out.device.index):
-        args = (_dev(x.q), i32(x.q.stride(0)), i32(x.q.stride(1)), _dev(x.k), i32(x.k.stride(0)),
-                _dev(x.v), i32(x.v.stride(0)), _dev(x.kv_buffer), i32(x.kv_buffer.stride(0)),
-                _dev(x.qo_indptr), _dev(x.kv_indptr), _dev(x.kv_indices), _dev(x.prefix_lens),
-                _dev(x.custom_mask), _dev(x.mask_indptr), i32(H), i32(ns), i32(int(x.unified)),
-                i32(int(x.causal)), f32(x.sm_scale), f32(x.logit_cap), i32(total_rows),
-                _dev(o_part), _dev(lse_part), _dev(out), i32(out.stride(0)), i32(out.stride(1)), _dev(lse))
-        reduce_args = (_dev(o_part), _dev(lse_part), i32(ns), i32(total_rows), i32(H), _dev(out),
-                       i32(out.stride(0)), i32(out.stride(1)), _dev(lse))
+    args = (_dev(x.q), i32(x.q.stride(0)), i32(x.q.stride(1)), _dev(x.k), i32(x.k.stride(0)),
+            _dev(x.v), i32(x.v.stride(0)), _dev(x.kv_buffer), i32(x.kv_buffer.stride(0)),
+            _dev(x.qo_indptr), _dev(x.kv_indptr), _dev(x.kv_indices), _dev(x.prefix_lens),
+            _dev(x.custom_mask), _dev(x.mask_indptr), i32(H), i32(ns), i32(int(x.unified)),
+            i32(int(x.causal)), f32(x.sm_scale), f32(x.logit_cap), i32(total_rows),
+            _dev(o_part), _dev(lse_part), _dev(out), i32(out.stride(0)), i32(out.stride(1)), _dev(lse))
+    reduce_args = (_dev(o_part), _dev(lse_part), i32(ns), i32(total_rows), i32(H), _dev(out),
+                   i32(out.stride(0)), i32(out.stride(1)), _dev(lse))
     grid = (-(-int(max_q_len) * H // cfg.rows), ns, sizes["bs"])
     return Plan(x, cfg, ns, grid, out, lse, mod.key, smem, partial, reduce_, args, reduce_args,
                 [o_part, lse_part])
 
 
-def _torch_stream(device):
-    """CuPy's view of torch's current stream on `device` (launches join torch's stream order)."""
+def _torch_stream():
+    """CuPy's view of torch's current stream (launches must join torch's stream order)."""
     import cupy
-    ts = torch.cuda.current_stream(device)
+    ts = torch.cuda.current_stream()
     try:
         return cupy.cuda.Stream.from_external(ts)  # CuPy >= 14: the CUDA stream protocol
     except (AttributeError, TypeError):
@@ -278,8 +275,7 @@ def _torch_stream(device):
 
 def launch(p: Plan):
     """Launches only (graph-capturable). Returns the plan's (out, lse) buffers."""
-    import cupy
-    with cupy.cuda.Device(p.out.device.index), _torch_stream(p.out.device):
+    with _torch_stream():
         p._partial(p.grid, (vk.THREADS,), p._args, shared_mem=p.smem)
         if p.nsplit > 1:
             p._reduce((p.out.shape[0] * p.out.shape[1],), (vk.THREADS,), p._reduce_args)
@@ -298,5 +294,5 @@ def run(case, nsplit: int | None = None, variant: str = "correct", check: bool =
     # a one-off run knows its requests: size the grid for the longest, not for all T tokens
     p = plan(x, nsplit=nsplit, variant=variant, check=check, max_q_len=max(case.q_lens))
     out, lse = launch(p)
-    torch.cuda.synchronize(out.device)
-    return Result(out.clone(), lse.clone(), {"device": torch.cuda.get_device_name(out.device), **p.info})
+    torch.cuda.synchronize()
+    return Result(out.clone(), lse.clone(), {"device": torch.cuda.get_device_name(), **p.info})
