@@ -267,26 +267,28 @@ def cmd_synth(args) -> int:
 
 
 def add_compile(p: argparse.ArgumentParser) -> None:
-    from .verify_kernel import ARCHS, VARIANTS
+    from .kernel.mutants import MUTANTS
+    from .kernel.spec import ARCHS, DEFAULT_NT, NT_CHOICES
     p.add_argument("--arch", default="sm_120",
                    help=f"comma list of targets, e.g. sm_120,sm_90 (known: {', '.join(ARCHS)}; any sm_XX NVRTC takes)")
-    p.add_argument("--rows", type=int, default=16, help="(token, head) rows per block (KD_ROWS)")
-    p.add_argument("--variant", default="correct", choices=sorted(VARIANTS),
-                   help="a negative-control build instead of the correct kernel")
+    p.add_argument("--rows", type=int, default=8 * DEFAULT_NT, choices=[8 * n for n in NT_CHOICES],
+                   help="query (token, head) rows per block (8 x KD_NT)")
+    p.add_argument("--mutant", default=None, choices=sorted(MUTANTS),
+                   help="a deliberately wrong build (negative control) instead of the kernel")
 
 
 def cmd_compile(args) -> int:
     """Compile kdkit's kernel for an arch without a GPU; print registers, shared memory, spills,
     local memory; exit 1 if the build breaches sm_120's limits (99 KB smem, no spills, no wgmma/TMA)."""
-    from . import jit
-    from .verify_kernel import KernelConfig, compile_report
+    from .kernel import jit
+    from .kernel.spec import KernelConfig, compile_report
     worst = EXIT_OK
     for arch in [a.strip() for a in args.arch.split(",") if a.strip()]:
         if not re.fullmatch(r"sm_\d+[a-z]?", arch):
             _err(f"--arch {arch!r}: expected sm_XX (e.g. sm_120)")
             return EXIT_BAD_INPUT
         try:
-            rep = compile_report(arch, KernelConfig(rows=args.rows, variant=args.variant))
+            rep = compile_report(arch, KernelConfig(nt=args.rows // 8, mutant=args.mutant))
         except jit.BuildError as e:
             _err(str(e))
             worst = EXIT_PROBLEM

@@ -1,7 +1,9 @@
 """Build kdkit's CUDA sources with NVRTC (cuda-bindings), for the device or for any sm_XX.
 
-- Compile-time parameters become -D defines and are part of a readable module key
-  (`mla_verify-rows16-bn32-v0-qoi32-kvpi32-kvii32-mipi64-pfxi64-sm_90-<hash>`).
+- Compile-time parameters become `#define` lines ahead of the source (function-like hooks too,
+  see kd_mutants.cuh) and are part of a readable module key
+  (`mla_tc-nt4-qoi32-kvpi32-kvii32-mipi64-pfxi64-sm_90-<hash>`); a generated prelude (the
+  kernel's Params struct) follows the defines.
 - `#include "x.cuh"` of kdkit's own headers is expanded here with `#line` directives, so compiler
   errors name the real file and line, and the cache key (a hash of the expanded text, the options
   and NVRTC's version) covers every included header: an edited .cuh is never served stale.
@@ -27,16 +29,23 @@ class BuildError(RuntimeError):
     pass
 
 
-def expand(path: Path, seen: tuple = ()) -> str:
-    """Inline kdkit's own quoted includes, each wrapped in #line markers (system headers stay)."""
+def expand(path: Path, seen: tuple = (), once: set | None = None) -> str:
+    """Inline kdkit's own quoted includes, each wrapped in #line markers (system headers stay).
+    A header with `#pragma once` is inlined at its first include only, as the preprocessor would."""
     path = Path(path).resolve()
+    once = set() if once is None else once
     if path in seen:
         raise BuildError(f"{path}: include cycle through {' -> '.join(p.name for p in seen)}")
+    lines = path.read_text().splitlines()
+    if any(line.strip() == "#pragma once" for line in lines):
+        if path in once:
+            return ""
+        once.add(path)
     out = [f'#line 1 "{path}"']
-    for n, line in enumerate(path.read_text().splitlines(), start=1):
+    for n, line in enumerate(lines, start=1):
         m = _INCLUDE.match(line)
         if m and (path.parent / m.group(1)).is_file():
-            out.append(expand(path.parent / m.group(1), seen + (path,)))
+            out.append(expand(path.parent / m.group(1), seen + (path,), once))
             out.append(f'#line {n + 1} "{path}"')
         elif _ANY_QUOTED_INCLUDE.match(line):
             # a quoted include we did not inline would be found by NVRTC on its own, outside the
@@ -44,7 +53,7 @@ def expand(path: Path, seen: tuple = ()) -> str:
             raise BuildError(f'{path}:{n}: cannot inline {line.strip()!r} (kdkit headers sit next '
                              'to the source; use <...> for system headers)')
         elif line.strip() == "#pragma once":
-            out.append("")  # each header is inlined exactly where it is included
+            out.append("")  # handled above: NVRTC sees one translation unit
         else:
             out.append(line)
     return "\n".join(out)
@@ -128,6 +137,12 @@ class Module:
     def forbidden_instructions(self) -> list[str]:
         return [ins for ins in FORBIDDEN_PTX if re.search(rf"\b{re.escape(ins)}\b", self.ptx)]
 
+    def meta(self) -> dict:
+        """The numbers the device code exports as `kd_meta_<name>` globals (shared memory, threads,
+        rows per block): read from the PTX, so Python never restates a formula of the .cu."""
+        return {m.group(1): int(m.group(2))
+                for m in re.finditer(r"\bkd_meta_(\w+)\s*=\s*(-?\d+)\s*;", self.ptx)}
+
 
 def parse_ptxas(log: str) -> dict:
     """Per-kernel resource lines of `ptxas -v` (as NVRTC returns them in the program log)."""
@@ -156,22 +171,27 @@ def cache_dir() -> Path:
     return d
 
 
-def module_key(stem: str, defines: dict, arch: str, digest: str) -> str:
-    parts = [stem] + [f"{k.lower()}{v}" for k, v in defines.items()] + [arch, digest[:12]]
+def module_key(stem: str, tags: dict, arch: str, digest: str) -> str:
+    parts = [stem] + [f"{k.lower()}{v}" for k, v in tags.items()] + [arch, digest[:12]]
     return re.sub(r"[^\w.-]", "", "-".join(str(p) for p in parts))
 
 
-def build(source: str | Path, defines: dict, arch: str, tags: dict | None = None) -> Module:
-    """Compile `source` (a file in kdkit/cuda) for `arch` ("sm_90", "sm_120", ...); cached on disk.
+def build(source: str | Path, defines: dict, arch: str, tags: dict | None = None,
+          prelude: str = "") -> Module:
+    """Compile `source` (a file in kdkit/kernel/cuda) for `arch` ("sm_90", "sm_120", ...); cached.
 
-    `defines` maps macro -> value; `tags` gives the short readable names used in the key.
+    `defines` maps macro (or `HOOK(args)`) -> replacement, written as #define lines ahead of the
+    source; `tags` gives the short readable names used in the key; `prelude` is host-generated C
+    (the kernel's Params struct) placed after the defines and ahead of the source.
     """
     src_path = CUDA_DIR / source if not Path(source).is_absolute() else Path(source)
-    text = expand(src_path)
+    head = "".join(f"#define {k} {v}\n" for k, v in defines.items())
+    if prelude:
+        head += '#line 1 "<generated by kdkit>"\n' + prelude
+    text = head + expand(src_path)
     include = cuda_include_dir()
-    opts = [f"--gpu-architecture={arch}", "-std=c++17", "-Xptxas=-v", "--use_fast_math",
-            f"-I{include}", "-default-device"]
-    opts += [f"-D{k}={v}" for k, v in defines.items()]
+    # no --use_fast_math: tanhf (logit cap) and the exp2/log2 of the softmax stay accurate
+    opts = [f"--gpu-architecture={arch}", "-std=c++17", "-Xptxas=-v", f"-I{include}", "-default-device"]
     ver = toolkit_fingerprint(include)
     digest = hashlib.sha256("\n".join([text, *opts, ver]).encode()).hexdigest()
     key = module_key(src_path.stem, tags or defines, arch, digest)

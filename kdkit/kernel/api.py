@@ -1,0 +1,199 @@
+"""plan / run: the kernel's host API, in the shape FlashInfer's and FlashMLA's users know.
+
+    p = plan(qo_indptr=..., kv_indptr=..., kv_indices=..., custom_mask=..., mask_indptr=...,
+             num_heads=H, sm_scale=..., layout="sglang")          # once per batch
+    out, lse = run(p, q, k, v, kv_buffer)                          # once per layer
+
+plan does the host work: checks, the block and split counts, the workspace, the compiled module,
+the fixed part of the kernel's argument. run only fills in one layer's tensors and launches on
+torch's current stream: no host sync, no allocation, no read of device data, so it can be captured
+in a CUDA graph and replayed after the server writes new values into the same metadata buffers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from . import jit, params, schedule, spec
+from .checks import InputError, check_metadata, check_tensors, read_sizes, require
+
+
+def unavailable() -> str | None:
+    """None if the kernel can run here, else one line saying why and what would make it run."""
+    if not torch.cuda.is_available():
+        if torch.version.cuda is None:
+            return (f"no CUDA GPU: this torch ({torch.__version__}) is a CPU-only build; the kernel needs a "
+                    "CUDA GPU (`kdkit compile --arch sm_120` checks the build without one)")
+        return ("no CUDA GPU visible to torch (check CUDA_VISIBLE_DEVICES and the driver); "
+                "`kdkit compile --arch sm_120` checks the build without one")
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        return "CuPy is not installed: `pip install cupy-cuda13x` (kdkit's 'gpu' extra)"
+    try:
+        from cuda.bindings import nvrtc  # noqa: F401
+    except ImportError:
+        return "NVRTC bindings missing: `pip install cuda-bindings nvidia-cuda-nvrtc` (kdkit's 'gpu' extra)"
+    return None
+
+
+@dataclass
+class Metadata:
+    """The batch's index arrays and scalars, exactly as SGLang's forward_metadata holds them."""
+    qo_indptr: torch.Tensor
+    kv_indptr: torch.Tensor
+    kv_indices: torch.Tensor
+    prefix_lens: torch.Tensor | None
+    custom_mask: torch.Tensor | None
+    mask_indptr: torch.Tensor | None
+    num_heads: int
+    sm_scale: float
+    logit_cap: float
+    causal: bool
+    layout: str
+
+
+@dataclass
+class Plan:
+    meta: Metadata
+    config: spec.KernelConfig
+    device: torch.device
+    num_tokens: int
+    num_heads: int
+    nsplit: int
+    rows_per_cta: int
+    grid: tuple
+    smem: int
+    threads: int
+    pool_rows_needed: int
+    key: str
+    out: torch.Tensor              # the plan's own output buffers (fixed addresses for graphs)
+    lse: torch.Tensor
+    _partial: object = None
+    _merge: object = None
+    _args: np.ndarray | None = None
+    _keep: list = field(default_factory=list)  # workspace the argument points into
+
+    @property
+    def info(self) -> dict:
+        return {"nsplit": self.nsplit, "rows_per_cta": self.rows_per_cta, "grid": self.grid,
+                "module": self.key, "smem": self.smem, "mutant": self.config.mutant}
+
+
+def _ptr(t) -> int:
+    return 0 if t is None else int(t.data_ptr())
+
+
+def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, prefix_lens=None,
+         custom_mask=None, mask_indptr=None, logit_cap: float = 0.0, causal: bool = False,
+         layout: str = "sglang", max_q_len: int | None = None, nsplit: int | None = None,
+         mutant: str | None = None, check: bool = True, nt: int | None = None,
+         num_tokens: int | None = None, max_kv_len: int | None = None) -> Plan:
+    """Host work for one batch. The grid covers `max_q_len` tokens per request (None: all T tokens
+    of the call, so a graph replay stays right however the same T tokens are split among the
+    requests; SGLang's verify graphs keep q_len fixed: pass it). Prefix lengths may change freely
+    between replays: each block finds its KV range on the GPU; nsplit is fixed here (from
+    `max_kv_len`, default: the longest request now).
+
+    check=True reads the index arrays once and refuses bad contents; check=False with num_tokens,
+    max_q_len and max_kv_len given reads nothing from the device (planning inside graph capture)."""
+    if custom_mask is not None and custom_mask.dtype == torch.bool:
+        custom_mask = custom_mask.view(torch.uint8)  # same bytes; the kernel reads != 0
+    m = Metadata(qo_indptr, kv_indptr, kv_indices, prefix_lens, custom_mask, mask_indptr, int(num_heads),
+                 float(sm_scale), float(logit_cap), bool(causal), layout)
+    check_metadata(m)
+    dev = qo_indptr.device
+    require(dev.index is None or dev.index == torch.cuda.current_device(), "qo_indptr",
+            f"on {dev} but the current device is cuda:{torch.cuda.current_device()}; plan and run under "
+            f"`with torch.cuda.device({dev.index}):`")
+    if check or None in (num_tokens, max_q_len, max_kv_len):
+        sizes = read_sizes(m, values=check)
+    else:
+        sizes = {"bs": qo_indptr.numel() - 1, "num_tokens": int(num_tokens), "max_q_len": int(max_q_len),
+                 "max_kv_len": int(max_kv_len), "pool_rows_needed": 0}
+    T, H = sizes["num_tokens"], m.num_heads
+    if num_tokens is not None:
+        require(int(num_tokens) == T, "num_tokens", f"{num_tokens}, but qo_indptr ends at {T}")
+    if max_q_len is None:
+        max_q_len = T
+    require(sizes["max_q_len"] <= int(max_q_len) <= max(T, 1), "max_q_len",
+            f"{max_q_len} must lie in [{sizes['max_q_len']} (the longest request now), T={T}]")
+    if nsplit is not None:
+        require(1 <= int(nsplit) <= schedule.MAX_SPLITS, "nsplit", f"{nsplit} outside 1..{schedule.MAX_SPLITS}")
+    rows = int(max_q_len) * H
+    nt = nt or schedule.choose_nt(rows)
+    require(nt in spec.NT_CHOICES, "nt", f"{nt}: choose one of {spec.NT_CHOICES}")
+    idx = dict(qo_t=qo_indptr.dtype, kvp_t=kv_indptr.dtype, kvi_t=kv_indices.dtype,
+               pfx_t=prefix_lens.dtype if prefix_lens is not None else torch.int64,
+               mip_t=mask_indptr.dtype if mask_indptr is not None else torch.int64)
+    try:
+        cfg = spec.KernelConfig(nt=nt, mutant=mutant, **idx)
+    except (KeyError, ValueError) as e:
+        raise InputError(f"field 'mutant': {e}") from None
+    rpc = schedule.rows_per_block(rows, nt)
+    blocks = schedule.cdiv(rows, rpc) if rows else 1
+    total_rows = T * H
+    sm_count = torch.cuda.get_device_properties(dev).multi_processor_count
+    ns = int(nsplit) if nsplit is not None else schedule.choose_nsplit(
+        sizes["bs"], blocks, sizes["max_kv_len"], sm_count, total_rows)
+    if ns > 1 and ns * total_rows * 512 * 4 > schedule.WORKSPACE_LIMIT:
+        raise InputError(f"field 'nsplit': {ns} splits x {total_rows} rows x 512 fp32 needs "
+                         f"{ns * total_rows * 2048 >> 20} MiB of workspace (limit "
+                         f"{schedule.WORKSPACE_LIMIT >> 20} MiB); use fewer splits (nsplit=None chooses)")
+    mod = spec.build(cfg, jit.device_arch())
+    meta = mod.meta()
+    if meta.get("block_n") != schedule.BLOCK_N or meta.get("rows") != cfg.rows:
+        raise jit.BuildError(f"{mod.key}: the build exports {meta}, the host assumes block_n="
+                             f"{schedule.BLOCK_N}, rows={cfg.rows}")
+    raw = jit.load(mod)
+    partial, merge = raw.get_function(spec.PARTIAL), raw.get_function(spec.MERGE)
+    partial.max_dynamic_shared_size_bytes = meta["smem_bytes"]
+    out = torch.empty(T, H, 512, dtype=torch.bfloat16, device=dev)
+    lse = torch.empty(T, H, dtype=torch.float32, device=dev)
+    o_part = lse_part = None
+    if ns > 1:
+        o_part = torch.empty(ns, total_rows, 512, dtype=torch.float32, device=dev)
+        lse_part = torch.empty(ns, total_rows, dtype=torch.float32, device=dev)
+    args = params.pack(
+        qo_indptr=_ptr(qo_indptr), kv_indptr=_ptr(kv_indptr), kv_indices=_ptr(kv_indices),
+        prefix_lens=_ptr(prefix_lens), mask=_ptr(custom_mask), mask_indptr=_ptr(mask_indptr),
+        o_part=_ptr(o_part), lse_part=_ptr(lse_part), num_heads=H, nsplit=ns, rows_per_cta=rpc,
+        total_rows=total_rows, unified=int(layout == "unified"), causal=int(m.causal),
+        sm_scale=m.sm_scale, logit_cap=m.logit_cap)
+    grid = (blocks, ns, sizes["bs"])
+    return Plan(m, cfg, dev, T, H, ns, rpc, grid, meta["smem_bytes"], meta["threads"],
+                sizes["pool_rows_needed"], mod.key, out, lse, partial, merge, args,
+                [o_part, lse_part, m])
+
+
+def _torch_stream():
+    """CuPy's view of torch's current stream (launches must join torch's stream order)."""
+    import cupy
+    ts = torch.cuda.current_stream()
+    try:
+        return cupy.cuda.Stream.from_external(ts)  # CuPy >= 14: the CUDA stream protocol
+    except (AttributeError, TypeError):
+        return cupy.cuda.ExternalStream(ts.cuda_stream)
+
+
+def run(p: Plan, q, k, v, kv_buffer, out=None, lse=None):
+    """Launch on one layer's tensors (graph-capturable). Returns (out, lse): the given buffers,
+    or the plan's own (overwritten by the next run)."""
+    check_tensors(p, q, k, v, kv_buffer, out, lse)
+    out = p.out if out is None else out
+    lse = p.lse if lse is None else lse
+    a = p._args.copy()
+    a["q"], a["k"], a["v"], a["kv_buf"] = _ptr(q), _ptr(k), _ptr(v), _ptr(kv_buffer)
+    a["out"], a["lse"] = _ptr(out), _ptr(lse)
+    a["q_stride_tok"], a["q_stride_head"] = q.stride(0), q.stride(1)
+    a["k_stride_tok"], a["v_stride_tok"], a["kv_stride_row"] = k.stride(0), v.stride(0), kv_buffer.stride(0)
+    a["out_stride_tok"], a["out_stride_head"] = out.stride(0), out.stride(1)
+    if p.num_tokens == 0:
+        return out, lse
+    with _torch_stream():
+        p._partial(p.grid, (p.threads,), (a,), shared_mem=p.smem)
+        if p.nsplit > 1:
+            p._merge((p.num_tokens * p.num_heads,), (spec.MERGE_THREADS,), (a,))
+    return out, lse

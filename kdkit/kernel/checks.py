@@ -1,0 +1,128 @@
+"""Input checks of the kernel: bad input is refused with an InputError naming the field and the
+fix, before anything launches (a wrong pointer or length is a CUDA fault or a wrong answer).
+
+`check_metadata` and `check_tensors` look at shapes, dtypes, strides and devices only (no device
+read, safe inside CUDA-graph capture); `read_sizes` reads the index arrays once (plan time) and,
+with `values=True`, checks their contents too: the seed's two marshaling bugs included.
+"""
+from __future__ import annotations
+
+import torch
+
+from .spec import DL, DR
+
+D = DL + DR
+
+
+class InputError(ValueError):
+    """Input the kernel must not be launched on; the message names the field and the fix."""
+
+
+def require(cond, field_name: str, msg: str) -> None:
+    if not cond:
+        raise InputError(f"field '{field_name}': {msg}")
+
+
+def _index(t, name, n=None):
+    require(t is not None, name, "missing")
+    require(t.dtype in (torch.int32, torch.int64), name, f"dtype {t.dtype}; int32 or int64")
+    require(t.dim() == 1 and t.is_contiguous() and t.is_cuda, name, "must be a contiguous 1-D CUDA tensor")
+    if n is not None:
+        require(t.numel() == n, name, f"{t.numel()} entries, want {n}")
+
+
+def check_metadata(m) -> None:
+    """The batch metadata of a plan (kdkit.kernel.api.Metadata)."""
+    _index(m.qo_indptr, "qo_indptr")
+    bs = m.qo_indptr.numel() - 1
+    require(bs >= 1, "qo_indptr", "needs bs+1 >= 2 entries")
+    _index(m.kv_indptr, "kv_indptr", bs + 1)
+    _index(m.kv_indices, "kv_indices")
+    require(m.layout in ("sglang", "unified"), "layout", f"{m.layout!r}: 'sglang' or 'unified'")
+    if m.layout == "unified":
+        _index(m.prefix_lens, "prefix_lens", bs)
+    elif m.prefix_lens is not None:
+        _index(m.prefix_lens, "prefix_lens", bs)
+    require((m.custom_mask is None) == (m.mask_indptr is None), "mask_indptr",
+            "custom_mask and mask_indptr come together")
+    if m.custom_mask is not None:
+        require(m.custom_mask.dtype in (torch.uint8, torch.bool) and m.custom_mask.is_contiguous()
+                and m.custom_mask.is_cuda, "custom_mask", "bool or uint8, contiguous, on the GPU")
+        _index(m.mask_indptr, "mask_indptr")
+        require(m.mask_indptr.numel() == bs + 1, "mask_indptr",
+                f"{m.mask_indptr.numel()} entries, want bs+1 = {bs + 1} start offsets as SGLang passes them "
+                "(a kernel-side [:bs] slice is the seed's mask_indptr bug; run `kdkit inspect`)")
+    require(m.num_heads >= 1, "num_heads", f"{m.num_heads}; at least 1")
+    require(m.sm_scale > 0, "sm_scale", f"{m.sm_scale} must be > 0")
+    require(m.logit_cap >= 0, "logit_cap", f"{m.logit_cap} must be >= 0 (0 = no cap)")
+    devs = {t.device for t in (m.qo_indptr, m.kv_indptr, m.kv_indices, m.prefix_lens, m.custom_mask,
+                               m.mask_indptr) if t is not None}
+    require(len(devs) == 1, "kv_indices", f"the metadata spans devices {sorted(map(str, devs))}")
+
+
+def read_sizes(m, values: bool = True) -> dict:
+    """Per-batch sizes from the index arrays (one host read); with values=True, their contents
+    are checked too. Returns bs, num_tokens, max_q_len, max_kv_len, pool_rows_needed."""
+    qo = m.qo_indptr.long().cpu()
+    kvp = m.kv_indptr.long().cpu()
+    q_lens, pool_lens = qo.diff(), kvp.diff()
+    T = int(qo[-1])
+    if values:
+        require(int(qo[0]) == 0 and bool((q_lens >= 0).all()), "qo_indptr", "must rise from 0")
+        require(int(kvp[0]) == 0 and bool((pool_lens >= 0).all()) and int(kvp[-1]) <= m.kv_indices.numel(),
+                "kv_indptr", f"must rise from 0 to at most len(kv_indices)={m.kv_indices.numel()}")
+    pfx = m.prefix_lens.long().cpu() if m.prefix_lens is not None else None
+    if m.layout == "unified":
+        if values:
+            require(bool((pool_lens == pfx + q_lens).all()), "kv_indices",
+                    "unified layout: each request needs prefix + q_len indices (prefix + out_cache_loc); "
+                    "kv_indices covering only the prefix is the seed's bug (run `kdkit inspect`)")
+        prefix = pfx
+    else:
+        if values and pfx is not None:
+            require(bool((pool_lens == pfx).all()), "kv_indptr", "sglang layout: kv_indptr must span each prefix")
+        prefix = pool_lens
+    used = m.kv_indices[: int(kvp[-1])]
+    pool_rows = int(used.max()) + 1 if used.numel() else 0
+    if values and used.numel():
+        require(int(used.min()) >= 0, "kv_indices", f"negative slot {int(used.min())}")
+    if values and m.custom_mask is not None:
+        mip = m.mask_indptr.long().cpu()
+        need = q_lens * (prefix + q_lens)
+        require(bool((mip.diff() == need).all()) and int(mip[0]) == 0, "mask_indptr",
+                f"offsets {mip.tolist()[:6]}... do not match the blocks q_len*(prefix+q_len) = {need.tolist()[:6]}...")
+        # <=: SGLang's CUDA-graph mask is a preallocated buffer, longer than the live blocks
+        require(int(mip[-1]) <= m.custom_mask.numel(), "custom_mask",
+                f"{m.custom_mask.numel()} entries, the mask_indptr says {int(mip[-1])}")
+    kv_lens = prefix + q_lens
+    return {"bs": int(q_lens.numel()), "num_tokens": T, "max_q_len": int(q_lens.max()),
+            "max_kv_len": int(kv_lens.max()), "pool_rows_needed": pool_rows}
+
+
+def _rows16(t, name):
+    require(t.dtype == torch.bfloat16, name, f"dtype {t.dtype}; the kernel is bf16 (cast before the call)")
+    require(t.is_cuda, name, "not on a CUDA device")
+    require(t.stride(-1) == 1 and all(s % 8 == 0 for s in t.stride()[:-1]) and t.data_ptr() % 16 == 0,
+            name, f"strides {t.stride()}: rows must be contiguous and 16-byte aligned (.contiguous())")
+
+
+def check_tensors(plan, q, k, v, kv_buffer, out, lse) -> None:
+    """The tensors of one layer against the plan (metadata only: no device read)."""
+    T, H = plan.num_tokens, plan.num_heads
+    require(q.dim() == 3 and tuple(q.shape) == (T, H, D), "q", f"shape {tuple(q.shape)}, want [T={T}, H={H}, {D}]")
+    require(tuple(k.shape) == (T, 1, D), "k", f"shape {tuple(k.shape)}, want ({T}, 1, {D})")
+    require(tuple(v.shape) == (T, 1, DL), "v", f"shape {tuple(v.shape)}, want ({T}, 1, {DL})")
+    require(kv_buffer.dim() == 3 and tuple(kv_buffer.shape[1:]) == (1, D), "kv_buffer",
+            f"shape {tuple(kv_buffer.shape)}, want [N, 1, {D}]")
+    require(kv_buffer.shape[0] >= plan.pool_rows_needed, "kv_buffer",
+            f"{kv_buffer.shape[0]} rows, but kv_indices reach slot {plan.pool_rows_needed - 1}")
+    for name, t in (("q", q), ("k", k), ("v", v), ("kv_buffer", kv_buffer)):
+        _rows16(t, name)
+        require(t.device == plan.device, name, f"on {t.device}, the plan is for {plan.device}")
+    if out is not None:
+        require(tuple(out.shape) == (T, H, DL) and out.dtype == torch.bfloat16, "out",
+                f"{tuple(out.shape)} {out.dtype}, want ({T}, {H}, {DL}) bfloat16")
+        _rows16(out, "out")
+    if lse is not None:
+        require(tuple(lse.shape) == (T, H) and lse.dtype == torch.float32 and lse.is_contiguous(), "lse",
+                f"{tuple(lse.shape)} {lse.dtype}, want contiguous ({T}, {H}) float32")

@@ -1,0 +1,62 @@
+// Small device helpers of kdkit's kernels: fixed-width types, cp.async, ldmatrix, mma.sync, warp
+// reductions. Everything here exists on sm_80, sm_89, sm_90 and sm_120: no wgmma, TMA or tcgen05.
+#pragma once
+#include <cuda_bf16.h>
+
+// NVRTC has no libc headers: fixed-width names of our own
+typedef int kd_i32;
+typedef long long kd_i64;
+typedef unsigned char kd_u8;
+typedef unsigned int kd_u32;
+#define KD_INF __int_as_float(0x7f800000)
+#define KD_LOG2E 1.4426950408889634f
+#define KD_LN2 0.6931471805599453f
+
+namespace kd {
+
+__host__ __device__ __forceinline__ int cdiv(int a, int b) { return (a + b - 1) / b; }
+
+__device__ __forceinline__ kd_u32 smem_addr(const void* p) {
+  return static_cast<kd_u32>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy global -> shared; src-size 0 zero-fills the destination and reads nothing
+__device__ __forceinline__ void cp_async_16(kd_u32 dst, const void* src, bool valid) {
+  const int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i
+__device__ __forceinline__ void ldsm_x4(kd_u32 addr, kd_u32 (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_trans(kd_u32 addr, kd_u32 (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+// D (16x8 fp32) += A (16x16 bf16, row-major) * B (16x8 bf16, column-major)
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const kd_u32 (&a)[4], kd_u32 b0, kd_u32 b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+}  // namespace kd

@@ -1,0 +1,403 @@
+// kdkit's MLA tree-verify attention on tensor cores (mma.sync m16n8k16 bf16 -> fp32, ldmatrix,
+// cp.async): split-KV partial kernel + log-sum-exp merge kernel. Fits sm_120 (<= 99 KB of shared
+// memory per block, nothing newer than sm_80's instructions) and runs on sm_80..sm_120.
+//
+// Orientation (FlashMLA-ETAP): KV rows sit on the MMA's M dimension and the (token, head) query
+// rows on N (n = 8), so a request of q_len 9 x 8 heads = 72 rows needs no padding to 16.
+// One block = (up to KD_NQ = 8*KD_NT query rows of one request, one KV split, one request). The
+// block streams its split of the request's KV once, 32 rows per step, through a double-buffered
+// cp.async ring of swizzled tiles; blocks holding the other rows of the same request and split are
+// adjacent in the grid, so their read of the same KV hits L2.
+//   QK:  S^T[32 x NQ] = K[32 x 576] Q^T. Warp w: KV m-tile (w & 1), dims (w >> 1) * 144 .. +143
+//        (9 k-steps); Q lives in registers as B fragments; the four dim-groups' partial scores
+//        meet in shared memory.
+//   softmax: warp w owns query columns w, w+8, ...; lane = KV row: online softmax in the log2
+//        domain; P (bf16) and each column's rescale go to shared memory.
+//   PV:  O^T[512 x NQ] += V^T[512 x 32] P^T. Warp w owns output dims 64w .. 64w+63; V^T is the
+//        K tile's first 512 dims read through ldmatrix.trans (never loaded twice).
+// SGLang's semantics: prefix columns always visible (skip_prefix_custom_mask); draft column j of
+// token i visible iff custom_mask[mask_indptr[b] + i*(prefix+n) + prefix + j]; without a mask,
+// causal -> j <= i, else all. Layout "sglang": prefix from the pool via kv_indices, the draft's K/V
+// from k/v; "unified": everything from the pool. Every KD_MUT_* hook is the identity in production.
+#include "kd_common.cuh"
+#include "kd_mutants.cuh"
+// KdParams (the one argument) is generated from kdkit/kernel/params.py ahead of this file
+
+using bf16 = __nv_bfloat16;
+
+// ---- compile-time configuration: set by kdkit/kernel/spec.py as -D defines -----------------
+#ifndef KD_DL
+#error "KD_DL (latent dims) comes from kdkit/kernel/spec.py"
+#endif
+#ifndef KD_DR
+#error "KD_DR (rope dims) comes from kdkit/kernel/spec.py"
+#endif
+#ifndef KD_NT
+#error "KD_NT (query n-tiles of 8 rows per block) comes from kdkit/kernel/spec.py"
+#endif
+#ifndef KD_QO_T
+#define KD_QO_T kd_i32
+#endif
+#ifndef KD_KVP_T
+#define KD_KVP_T kd_i32
+#endif
+#ifndef KD_KVI_T
+#define KD_KVI_T kd_i32
+#endif
+#ifndef KD_MIP_T
+#define KD_MIP_T kd_i64
+#endif
+#ifndef KD_PFX_T
+#define KD_PFX_T kd_i64
+#endif
+
+#define KD_D (KD_DL + KD_DR)            // score dims (576)
+#define KD_NQ (8 * KD_NT)               // query rows per block
+#define KD_BN 32                        // KV rows per pipeline step
+#define KD_STAGES 2                     // KV tiles in the ring
+#define KD_THREADS 256
+#define KD_WARPS (KD_THREADS / 32)
+#define KD_KG 4                         // dim groups of the QK product
+#define KD_KSTEPS (KD_D / 16 / KD_KG)   // k-steps of 16 dims per warp (9)
+#define KD_CHUNKS (KD_D / 8)            // 16-byte chunks per KV row (72)
+#define KD_ROW_BYTES (KD_D * 2)
+#define KD_VDIMS_WARP (KD_DL / KD_WARPS)  // output dims per warp (64)
+#define KD_VMT (KD_VDIMS_WARP / 16)     // output m-tiles per warp (4)
+#define KD_SPITCH 36                    // score tile pitch (fp32): word 8t+g, no bank conflict
+#define KD_PPITCH (KD_BN + 8)           // P tile pitch (bf16): 80-byte rows, ldmatrix conflict-free
+
+// dynamic shared memory, bytes: KV ring | partial scores | P | rescale per column
+#define KD_STAGE_BYTES (KD_BN * KD_ROW_BYTES)
+#define KD_OFF_S (KD_STAGES * KD_STAGE_BYTES)
+#define KD_OFF_P (KD_OFF_S + KD_KG * KD_NQ * KD_SPITCH * 4)
+#define KD_OFF_ALPHA (KD_OFF_P + KD_NQ * KD_PPITCH * 2)
+#define KD_SMEM_BYTES (KD_OFF_ALPHA + KD_NQ * 4)
+
+static_assert(KD_SMEM_BYTES <= 99 * 1024, "shared memory per block exceeds sm_120's 99 KB");
+static_assert(KD_WARPS == 2 * KD_KG && KD_BN == 32, "QK: 2 KV m-tiles x 4 dim groups = 8 warps; softmax: lane = KV row");
+static_assert(KD_D % (16 * KD_KG) == 0, "each dim group is a whole number of 16-dim k-steps");
+static_assert(KD_DL % (16 * KD_WARPS) == 0, "output dims split evenly in m-tiles over the warps");
+static_assert(KD_CHUNKS % 8 == 0, "the XOR swizzle permutes 16-byte chunks within groups of 8");
+static_assert(KD_NT >= 1 && KD_NQ <= KD_THREADS, "query rows per block");
+static_assert(2 * KD_NQ * 4 <= KD_KG * KD_NQ * KD_SPITCH * 4, "final max/sum alias the score tile");
+
+// what Python reads back from the build (kdkit/kernel/spec.py): one source for these numbers
+extern "C" __device__ int kd_meta_smem_bytes = KD_SMEM_BYTES;
+extern "C" __device__ int kd_meta_threads = KD_THREADS;
+extern "C" __device__ int kd_meta_rows = KD_NQ;
+extern "C" __device__ int kd_meta_block_n = KD_BN;
+
+// byte offset of 16-byte chunk c of KV row r inside a tile: chunk c ^ (r & 7), so the 8 rows an
+// ldmatrix reads at the same logical chunk land in 8 different bank groups
+__device__ __forceinline__ kd_u32 tile_off(int r, int c) {
+  return static_cast<kd_u32>(r * KD_ROW_BYTES + ((c ^ (r & 7)) << 4));
+}
+__device__ __forceinline__ kd_u32 tile_off_read(int r, int c) {
+  return static_cast<kd_u32>(r * KD_ROW_BYTES + ((c ^ KD_MUT_SWZ_READ(r)) << 4));
+}
+
+extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(const KdParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;  // MMA fragment coordinates
+  const int tile = blockIdx.x, split = blockIdx.y, b = blockIdx.z;
+
+  const KD_QO_T* qo_indptr = static_cast<const KD_QO_T*>(p.qo_indptr);
+  const KD_KVP_T* kv_indptr = static_cast<const KD_KVP_T*>(p.kv_indptr);
+  const KD_KVI_T* kv_indices = static_cast<const KD_KVI_T*>(p.kv_indices);
+  const bf16* qg = static_cast<const bf16*>(p.q);
+  const bf16* kg_ = static_cast<const bf16*>(p.k);
+  const bf16* vg = static_cast<const bf16*>(p.v);
+  const bf16* pool = static_cast<const bf16*>(p.kv_buf);
+
+  const int H = p.num_heads;
+  const int qs = static_cast<int>(qo_indptr[b]);
+  const int n = static_cast<int>(qo_indptr[b + 1]) - qs;  // draft tokens of this request
+  const int rows = n * H;
+  const int row0 = tile * p.rows_per_cta;
+  if (row0 >= rows) return;  // the grid is sized for the longest request
+  const int nrows = min(p.rows_per_cta, rows - row0);
+
+  const kd_i64 kv_start = static_cast<kd_i64>(kv_indptr[b]);
+  const int pool_len = static_cast<int>(kv_indptr[b + 1] - kv_indptr[b]);
+  const int prefix = p.unified ? static_cast<int>(static_cast<const KD_PFX_T*>(p.prefix_lens)[b]) : pool_len;
+  const int kv_len = KD_MUT_KV_LEN(p.unified ? pool_len : pool_len + n, prefix);
+  const int span = kd::cdiv(kd::cdiv(kv_len, p.nsplit), KD_BN) * KD_BN;
+  const int kv_begin = split * span;
+  const int kv_end = min(kv_len, kv_begin + span);
+  const int nsteps = kv_begin < kv_end ? kd::cdiv(kv_end - kv_begin, KD_BN) : 0;
+  const kd_u8* mask = p.mask;
+  const kd_i64 mask_base = mask ? static_cast<kd_i64>(static_cast<const KD_MIP_T*>(p.mask_indptr)[b]) : 0;
+  const int mask_pitch = prefix + n;
+  const float scale = KD_MUT_SCALE(p.sm_scale);
+  const float cap = p.logit_cap;
+
+  float* sS = reinterpret_cast<float*>(smem + KD_OFF_S);
+  bf16* sP = reinterpret_cast<bf16*>(smem + KD_OFF_P);
+  float* sAlpha = reinterpret_cast<float*>(smem + KD_OFF_ALPHA);
+  const kd_u32 s_ring = kd::smem_addr(smem);
+  const kd_u32 s_p = kd::smem_addr(sP);
+
+  // ---- KV step loader: position pos -> pool row (prefix, or all when unified) or k row ----------
+  auto load_step = [&](int stage, int start) {
+    const kd_u32 base = s_ring + stage * KD_STAGE_BYTES;
+#pragma unroll 3
+    for (int e = tid; e < KD_BN * KD_CHUNKS; e += KD_THREADS) {
+      const int r = e / KD_CHUNKS, c = e % KD_CHUNKS;
+      const int pos = start + r;
+      const bool valid = pos < kv_end;
+      const bf16* src = pool;  // any valid address: a zero-fill reads nothing
+      if (valid)
+        src = pos < pool_len ? pool + static_cast<kd_i64>(kv_indices[kv_start + pos]) * p.kv_stride_row + c * 8
+                             : kg_ + static_cast<kd_i64>(qs + pos - pool_len) * p.k_stride_tok + c * 8;
+      kd::cp_async_16(base + tile_off(r, c), src, valid);
+    }
+    kd::cp_async_commit();
+  };
+  if (nsteps > 0) load_step(0, kv_begin);  // in flight while Q is gathered
+
+  // ---- Q as B fragments, this warp's dim group only: B[k = dim][n = row] = q[row][dim] --------
+  const int mg = warp & 1, dg = warp >> 1;
+  kd_u32 qf[KD_NT][KD_KSTEPS][2];
+#pragma unroll
+  for (int nt = 0; nt < KD_NT; ++nt) {
+    const int qr = nt * 8 + g;
+    const bool valid = qr < nrows;
+    const int r = row0 + (valid ? qr : 0);
+    const bf16* qrow = qg + static_cast<kd_i64>(qs + r / H) * p.q_stride_tok +
+                       static_cast<kd_i64>(KD_MUT_HEAD(r % H, H)) * p.q_stride_head;
+#pragma unroll
+    for (int ks = 0; ks < KD_KSTEPS; ++ks) {
+      const int d = (dg * KD_KSTEPS + ks) * 16 + 2 * t;
+      qf[nt][ks][0] = valid ? *reinterpret_cast<const kd_u32*>(qrow + d) : 0u;
+      qf[nt][ks][1] = valid ? *reinterpret_cast<const kd_u32*>(qrow + d + 8) : 0u;
+    }
+  }
+
+  float m_run[KD_NT], l_run[KD_NT];  // softmax state of columns warp + 8j (log2 units)
+  float o[KD_VMT][KD_NT][4];         // O^T fragments: dims 64*warp + 16*mt + (g, g+8), cols 8nt + 2t (+1)
+#pragma unroll
+  for (int j = 0; j < KD_NT; ++j) { m_run[j] = -KD_INF; l_run[j] = 0.f; }
+#pragma unroll
+  for (int mt = 0; mt < KD_VMT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < KD_NT; ++nt)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) o[mt][nt][x] = 0.f;
+
+  for (int it = 0; it < nsteps; ++it) {
+    const int start = kv_begin + it * KD_BN;
+    const int stage = it & 1;
+    if (it + 1 < nsteps) {
+      load_step(stage ^ 1, start + KD_BN);
+      kd::cp_async_wait<KD_MUT_WAIT_PENDING(1)>();
+    } else {
+      kd::cp_async_wait<KD_MUT_WAIT_PENDING(0)>();
+    }
+    __syncthreads();
+    const kd_u32 s_tile = s_ring + stage * KD_STAGE_BYTES;
+
+    // ---- QK: partial S^T of KV m-tile mg over dim group dg ------------------------------------
+    {
+      float s[KD_NT][4];
+#pragma unroll
+      for (int nt = 0; nt < KD_NT; ++nt)
+#pragma unroll
+        for (int x = 0; x < 4; ++x) s[nt][x] = 0.f;
+      const int lr = mg * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;  // this lane's ldmatrix row
+#pragma unroll
+      for (int ks = 0; ks < KD_KSTEPS; ++ks) {
+        const int kstep = dg * KD_KSTEPS + ks;
+        if (kstep * 16 >= KD_MUT_QK_DIMS(KD_D)) continue;
+        kd_u32 a[4];
+        kd::ldsm_x4(s_tile + tile_off_read(lr, kstep * 2 + (lane >> 4)), a);
+#pragma unroll
+        for (int nt = 0; nt < KD_NT; ++nt)
+          if (nt * 8 < nrows) kd::mma_bf16(s[nt], a, qf[nt][ks][0], qf[nt][ks][1]);
+      }
+      // S^T fragment (row = KV mg*16 + g (+8), col = query 8nt + 2t (+1)) -> sS[dg][col][row]
+#pragma unroll
+      for (int nt = 0; nt < KD_NT; ++nt) {
+        float* d0 = sS + (dg * KD_NQ + nt * 8 + 2 * t) * KD_SPITCH + mg * 16 + g;
+        d0[0] = s[nt][0];
+        d0[KD_SPITCH] = s[nt][1];
+        d0[8] = s[nt][2];
+        d0[KD_SPITCH + 8] = s[nt][3];
+      }
+    }
+    __syncthreads();
+
+    // ---- sglang layout: the draft's V comes from v, not from k's first 512 dims -----------------
+    // (the QK reads of this tile are done; PV reads it after the barrier below)
+    if (!p.unified && start + KD_BN > pool_len) {
+      unsigned char* tile_p = smem + stage * KD_STAGE_BYTES;
+      for (int e = tid; e < KD_BN * (KD_DL / 8); e += KD_THREADS) {
+        const int r = e / (KD_DL / 8), c = e % (KD_DL / 8);
+        const int pos = start + r;
+        if (pos >= pool_len && pos < kv_end)
+          *reinterpret_cast<uint4*>(tile_p + tile_off(r, c)) = *reinterpret_cast<const uint4*>(
+              vg + static_cast<kd_i64>(qs + pos - pool_len) * p.v_stride_tok + c * 8);
+      }
+    }
+
+    // ---- online softmax: column q = warp + 8j, lane = KV row of this step ----------------------
+    {
+      const int pos = start + lane;
+#pragma unroll
+      for (int j = 0; j < KD_NT; ++j) {
+        const int q = warp + 8 * j;
+        if (q >= nrows) {  // warp-uniform; keeps P and the rescale of idle columns harmless
+          sP[q * KD_PPITCH + lane] = __float2bfloat16(0.f);
+          if (lane == 0) sAlpha[q] = 1.f;
+          continue;
+        }
+        const float* sc = sS + q * KD_SPITCH + lane;
+        float x = (sc[0] + sc[KD_NQ * KD_SPITCH]) + (sc[2 * KD_NQ * KD_SPITCH] + sc[3 * KD_NQ * KD_SPITCH]);
+        x *= scale;
+        if (cap > 0.f) x = cap * tanhf(x / cap);
+        x *= KD_LOG2E;
+        bool visible = pos < kv_end;
+        if (visible && pos >= prefix) {
+          const int i = (row0 + q) / H, jc = pos - prefix;
+          if (mask)
+            visible = mask[mask_base + static_cast<kd_i64>(KD_MUT_MASK_ROW(i, n)) * mask_pitch + prefix +
+                           KD_MUT_MASK_COL(jc, n)] != 0;
+          else
+            visible = !p.causal || jc <= i;
+        }
+        x = visible ? x : -KD_INF;
+        const float m_new = fmaxf(m_run[j], kd::warp_max(x));
+        // a column with nothing visible yet keeps m = -inf: its p is 0 and its rescale 1
+        const float pj = m_new == -KD_INF ? 0.f : exp2f(x - m_new);
+        const float alpha = m_new == -KD_INF ? 1.f : exp2f(m_run[j] - m_new);
+        l_run[j] = l_run[j] * alpha + kd::warp_sum(pj);
+        m_run[j] = m_new;
+        sP[q * KD_PPITCH + lane] = __float2bfloat16(pj);
+        if (lane == 0) sAlpha[q] = alpha;
+      }
+    }
+    __syncthreads();
+
+    // ---- PV: O^T[64 dims of this warp x NQ] = alpha * O^T + V^T P^T ----------------------------
+    {
+#pragma unroll
+      for (int nt = 0; nt < KD_NT; ++nt) {
+        if (nt * 8 >= nrows) continue;
+        const float2 al = *reinterpret_cast<const float2*>(sAlpha + nt * 8 + 2 * t);
+#pragma unroll
+        for (int mt = 0; mt < KD_VMT; ++mt) {
+          o[mt][nt][0] *= al.x; o[mt][nt][1] *= al.y;
+          o[mt][nt][2] *= al.x; o[mt][nt][3] *= al.y;
+        }
+      }
+      // P^T as B fragments: rows 8nt.. of P, KV 0..31 -> {ks0: r0, r1; ks1: r2, r3}
+      kd_u32 pb[KD_NT][4];
+#pragma unroll
+      for (int nt = 0; nt < KD_NT; ++nt)
+        if (nt * 8 < nrows)
+          kd::ldsm_x4(s_p + ((nt * 8 + (lane & 7)) * KD_PPITCH + (lane >> 3) * 8) * 2, pb[nt]);
+#pragma unroll
+      for (int ks = 0; ks < 2; ++ks) {
+        const int vr = ks * 16 + (lane & 7) + (lane >> 4) * 8;  // this lane's ldmatrix KV row
+#pragma unroll
+        for (int mt = 0; mt < KD_VMT; ++mt) {
+          const int dim = KD_MUT_V_DIM0 + warp * KD_VDIMS_WARP + mt * 16 + ((lane >> 3) & 1) * 8;
+          kd_u32 a[4];
+          kd::ldsm_x4_trans(s_tile + tile_off_read(vr, dim / 8), a);
+#pragma unroll
+          for (int nt = 0; nt < KD_NT; ++nt)
+            if (nt * 8 < nrows) kd::mma_bf16(o[mt][nt], a, pb[nt][2 * ks], pb[nt][2 * ks + 1]);
+        }
+      }
+    }
+    __syncthreads();  // the next step's prefetch overwrites this tile
+  }
+
+  // ---- epilogue: each column's max and sum to shared memory (over the score tile), then write ----
+  float* sM = sS;
+  float* sL = sS + KD_NQ;
+  if (lane == 0) {
+#pragma unroll
+    for (int j = 0; j < KD_NT; ++j) {
+      sM[warp + 8 * j] = m_run[j];
+      sL[warp + 8 * j] = l_run[j];
+    }
+  }
+  __syncthreads();
+  const bool direct = p.nsplit == 1;
+#pragma unroll
+  for (int nt = 0; nt < KD_NT; ++nt) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int q = nt * 8 + 2 * t + c;
+      if (q >= nrows) continue;
+      const float l = sL[q];
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const int r = row0 + q, i = r / H, h = r % H;
+      const kd_i64 grow = static_cast<kd_i64>(qs + i) * H + h;
+      if (direct) {
+        bf16* orow = static_cast<bf16*>(p.out) + static_cast<kd_i64>(qs + i) * p.out_stride_tok +
+                     static_cast<kd_i64>(h) * p.out_stride_head;
+#pragma unroll
+        for (int mt = 0; mt < KD_VMT; ++mt) {
+          const int d = warp * KD_VDIMS_WARP + mt * 16 + g;
+          orow[d] = __float2bfloat16(o[mt][nt][c] * inv);
+          orow[d + 8] = __float2bfloat16(o[mt][nt][2 + c] * inv);
+        }
+      } else {
+        float* orow = p.o_part + (static_cast<kd_i64>(split) * p.total_rows + grow) * KD_DL;
+#pragma unroll
+        for (int mt = 0; mt < KD_VMT; ++mt) {
+          const int d = warp * KD_VDIMS_WARP + mt * 16 + g;
+          orow[d] = o[mt][nt][c] * inv;
+          orow[d + 8] = o[mt][nt][2 + c] * inv;
+        }
+      }
+      if (warp == 0 && g == 0) {
+        const float lse = l > 0.f ? (sM[q] + log2f(l)) * KD_LN2 : -KD_INF;
+        if (direct) {
+          if (p.lse) p.lse[grow] = lse;
+        } else {
+          p.lse_part[static_cast<kd_i64>(split) * p.total_rows + grow] = lse;
+        }
+      }
+    }
+  }
+}
+
+// Merge the splits of one (token, head) row: out = sum_s w_s o_s / sum_s w_s, w_s = exp(lse_s - max).
+// One block of 128 threads per row, 4 output dims per thread.
+extern "C" __global__ void __launch_bounds__(128) kd_mla_tc_merge(const KdParams p) {
+  static_assert(KD_DL == 128 * 4, "the merge maps 4 output dims to each of 128 threads");
+  const int grow = blockIdx.x;
+  const int d0 = threadIdx.x * 4;
+  const int ns = p.nsplit, rows = p.total_rows;
+  float m = -KD_INF;
+  for (int sp = 0; sp < ns; ++sp) m = fmaxf(m, p.lse_part[static_cast<kd_i64>(sp) * rows + grow]);
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  float wsum = 0.f;
+  if (m != -KD_INF) {
+    for (int sp = 0; sp < ns; ++sp) {
+      const kd_i64 prow = static_cast<kd_i64>(sp) * rows + grow;
+      const float ls = p.lse_part[prow];
+      if (ls == -KD_INF) continue;  // an empty split
+      const float w = KD_MUT_MERGE_W(exp2f((ls - m) * KD_LOG2E));
+      const float4 v = *reinterpret_cast<const float4*>(p.o_part + prow * KD_DL + d0);
+      acc.x = fmaf(w, v.x, acc.x); acc.y = fmaf(w, v.y, acc.y);
+      acc.z = fmaf(w, v.z, acc.z); acc.w = fmaf(w, v.w, acc.w);
+      wsum += w;
+    }
+  }
+  const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+  const int H = p.num_heads, tok = grow / H, h = grow % H;
+  bf16* o = static_cast<bf16*>(p.out) + static_cast<kd_i64>(tok) * p.out_stride_tok +
+            static_cast<kd_i64>(h) * p.out_stride_head + d0;
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(acc.x * inv, acc.y * inv);
+  const __nv_bfloat162 hi = __floats2bfloat162_rn(acc.z * inv, acc.w * inv);
+  uint2 packed;
+  packed.x = *reinterpret_cast<const kd_u32*>(&lo);
+  packed.y = *reinterpret_cast<const kd_u32*>(&hi);
+  *reinterpret_cast<uint2*>(o) = packed;
+  // lse = m + log(sum w) is exact only with the true weights: a mutant's weights show here too
+  if (p.lse && threadIdx.x == 0) p.lse[grow] = wsum > 0.f ? m + log2f(wsum) * KD_LN2 : -KD_INF;
+}

@@ -1,0 +1,118 @@
+"""The kernel's build spec: source, entry points, compile-time configuration, and the resource
+report that `kdkit compile` prints (no GPU needed).
+
+Python states only what it chooses (query n-tiles per block, index types, a mutant); the numbers
+the device code derives from them (shared memory per block, threads, rows per block, KV rows per
+step) are exported by the .cu as `kd_meta_*` globals and read back from the build, so no formula
+is written twice. The model's dims come from kdkit's constants and reach the .cu as defines.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import jit, mutants, params
+
+SOURCE = "mla_tc.cu"
+PARTIAL, MERGE = "kd_mla_tc_partial", "kd_mla_tc_merge"
+KERNELS = (PARTIAL, MERGE)
+MERGE_THREADS = 128           # the merge kernel's __launch_bounds__ (static_assert'ed in the .cu)
+ARCHS = ("sm_120", "sm_90", "sm_89", "sm_100", "sm_80")
+NT_CHOICES = (1, 2, 3, 4, 5)  # query n-tiles of 8 rows per block; 5 is the most that fits 99 KB
+DEFAULT_NT = 4
+DL, DR = 512, 64              # latent (= value) dims and rope dims of an MLA KV row
+_CTYPES = {torch.int32: "kd_i32", torch.int64: "kd_i64"}
+_SHORT = {torch.int32: "i32", torch.int64: "i64"}
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    nt: int = DEFAULT_NT      # query rows per block = 8 * nt
+    mutant: str | None = None
+    qo_t: torch.dtype = torch.int32
+    kvp_t: torch.dtype = torch.int32
+    kvi_t: torch.dtype = torch.int32
+    mip_t: torch.dtype = torch.int64
+    pfx_t: torch.dtype = torch.int64
+
+    def __post_init__(self):
+        if self.nt not in NT_CHOICES:
+            raise ValueError(f"nt={self.nt}: choose one of {NT_CHOICES} (query rows per block = 8 * nt)")
+        mutants.defines(self.mutant)  # raises on an unknown name
+
+    @property
+    def rows(self) -> int:
+        return 8 * self.nt
+
+    def defines(self) -> dict:
+        d = {"KD_DL": DL, "KD_DR": DR, "KD_NT": self.nt,
+             "KD_QO_T": _CTYPES[self.qo_t], "KD_KVP_T": _CTYPES[self.kvp_t],
+             "KD_KVI_T": _CTYPES[self.kvi_t], "KD_MIP_T": _CTYPES[self.mip_t],
+             "KD_PFX_T": _CTYPES[self.pfx_t]}
+        d.update(mutants.defines(self.mutant))
+        return d
+
+    def tags(self) -> dict:
+        t = {"nt": self.nt, "qo": _SHORT[self.qo_t], "kvp": _SHORT[self.kvp_t],
+             "kvi": _SHORT[self.kvi_t], "mip": _SHORT[self.mip_t], "pfx": _SHORT[self.pfx_t]}
+        if self.mutant:
+            t["mut-"] = self.mutant
+        return t
+
+
+def build(config: KernelConfig, arch: str) -> jit.Module:
+    return jit.build(SOURCE, config.defines(), arch, tags=config.tags(), prelude=params.struct_text())
+
+
+@dataclass
+class CompileReport:
+    arch: str
+    key: str
+    kernels: dict
+    meta: dict
+    forbidden: list
+
+    @property
+    def dynamic_smem(self) -> int:
+        return self.meta.get("smem_bytes", 0)
+
+    def _threads(self, name: str) -> int:
+        return self.meta.get("threads", 0) if name == PARTIAL else MERGE_THREADS
+
+    def breaches(self) -> list[str]:
+        """What makes this build unfit for sm_120 (empty when it fits)."""
+        out = []
+        for k in self.kernels.values():
+            smem = k.smem_static + (self.dynamic_smem if k.name == PARTIAL else 0)
+            if smem > jit.SM120_SMEM_LIMIT:
+                out.append(f"{k.name}: {smem} B shared memory per block > sm_120's {jit.SM120_SMEM_LIMIT} B")
+            if k.spill_stores or k.spill_loads:
+                out.append(f"{k.name}: spills ({k.spill_stores} B stores, {k.spill_loads} B loads)")
+            if k.local:
+                out.append(f"{k.name}: {k.local} B local memory")
+            if k.registers * self._threads(k.name) > 65536:
+                out.append(f"{k.name}: {k.registers} registers x {self._threads(k.name)} threads > 64K per SM")
+        out += [f"uses {ins}, which sm_120 does not have" for ins in self.forbidden]
+        out += [f"{n}: not in ptxas' report" for n in KERNELS if n not in self.kernels]
+        out += [f"kd_meta_{m}: not exported by the build" for m in ("smem_bytes", "threads", "rows")
+                if m not in self.meta]
+        return out
+
+    def table(self) -> str:
+        lines = [f"{self.arch}  {self.key}",
+                 f"  {'kernel':20s} {'threads':>7s} {'regs':>5s} {'smem static':>11s} {'smem dyn':>9s} "
+                 f"{'stack':>6s} {'spill st/ld':>12s} {'lmem':>5s}"]
+        for k in self.kernels.values():
+            dyn = self.dynamic_smem if k.name == PARTIAL else 0
+            lines.append(f"  {k.name:20s} {self._threads(k.name):7d} {k.registers:5d} {k.smem_static:11d} "
+                         f"{dyn:9d} {k.stack:6d} {k.spill_stores:5d}/{k.spill_loads:<6d} {k.local:5d}")
+        br = self.breaches()
+        lines.append("  fits sm_120 limits: yes" if not br else "  BREACH: " + "; ".join(br))
+        return "\n".join(lines)
+
+
+def compile_report(arch: str, config: KernelConfig | None = None) -> CompileReport:
+    config = config or KernelConfig()
+    mod = build(config, arch)
+    return CompileReport(arch, mod.key, mod.kernels, mod.meta(), mod.forbidden_instructions())
