@@ -17,7 +17,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -26,6 +25,7 @@ import torch
 
 from . import lint, synth
 from .case import Case, load
+from .files import publish
 from .layout import to_unified
 
 DEFAULT_DIR = Path(__file__).resolve().parent.parent / "data" / "captured_tensors"
@@ -162,25 +162,8 @@ def _entry(s: Bundled, case: Case, file: Path) -> dict:
     }
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def _write_json(path: Path, data: dict, overwrite: bool) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh, indent=2)
-        fh.write("\n")
-    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; the manifest is meant to be shared
-    if overwrite:
-        os.replace(tmp, path)
-    else:
-        try:
-            os.link(tmp, path)  # fails if the name exists: never clobbers
-        finally:
-            os.unlink(tmp)
+    publish(path, json.dumps(data, indent=2) + "\n", overwrite=overwrite)
 
 
 def build(out: str | os.PathLike = DEFAULT_DIR, force: bool = False, log=print) -> dict:

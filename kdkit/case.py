@@ -15,20 +15,18 @@ import datetime as _dt
 import math
 import os
 import pickle
-import tempfile
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .constants import (FLOAT_DTYPES, INDEX_DTYPES, KV_LORA_RANK, LAYOUTS, MASK_DTYPES,
+                        QK_DIM, QK_ROPE_HEAD_DIM, V_HEAD_DIM)
+from .files import publish
+
 FORMAT = "kdkit-case"
 SCHEMA_VERSION = 1
-LAYOUTS = ("sglang", "unified")
-
-FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-INDEX_DTYPES = (torch.int32, torch.int64)
-MASK_DTYPES = (torch.bool, torch.uint8)
 
 META_KEYS = (
     "case_id", "source", "model", "layer_id", "tp_rank", "step", "forward_mode",
@@ -80,9 +78,9 @@ class Case:
     mask_indptr: torch.Tensor | None = None  # [bs+1] start offsets into custom_mask
     ref_out: torch.Tensor | None = None  # [T, H, 512] output of the live Triton call
     ref_lse: torch.Tensor | None = None  # [T, H] its natural-log LSE
-    kv_lora_rank: int = 512
-    qk_rope_head_dim: int = 64
-    v_head_dim: int = 512
+    kv_lora_rank: int = KV_LORA_RANK
+    qk_rope_head_dim: int = QK_ROPE_HEAD_DIM
+    v_head_dim: int = V_HEAD_DIM
 
     # ---- derived views -------------------------------------------------------------------
     @property
@@ -161,54 +159,13 @@ class Case:
         }
 
     def save(self, path: str | os.PathLike, overwrite: bool = False) -> Path:
-        """Write atomically (temp file in the same folder, then rename); never clobber unless asked."""
+        """Write atomically (kdkit.files.publish: temp file, fsync, then the final name); never
+        replace an existing file unless overwrite=True."""
         path = Path(path)
         record = self.to_record()
         from_record(record, path)  # exactly the checks load() will apply to what is written
-        if path.exists() and not overwrite:
-            raise FileExistsError(f"{path} exists; pass overwrite=True (or --force) to replace it")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; a case is meant to be shared
-            with os.fdopen(fd, "wb") as fh:
-                torch.save(record, fh)
-                fh.flush()
-                os.fsync(fh.fileno())
-            if overwrite:
-                os.replace(tmp, path)
-            else:
-                # link() fails if the name appeared meanwhile: nothing a user captured is clobbered
-                _link_no_clobber(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-        return path
-
-
-def _read_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-_UMASK = _read_umask()  # once, at import: os.umask has no read-only form and is process-wide
-
-
-def _link_no_clobber(tmp: str, path: Path) -> None:
-    """Give `tmp` the name `path` only if no file has it: link() where the filesystem has hard
-    links, else an O_EXCL reservation of the name followed by a rename onto it."""
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        raise FileExistsError(f"{path} appeared while saving; nothing was overwritten") from None
-    except OSError:  # exFAT, some network mounts: no hard links
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666 & ~_UMASK)
-        os.close(fd)
-        os.replace(tmp, path)
-        return
-    os.unlink(tmp)
+        # publish refuses an existing name before torch.save runs, and again when it publishes
+        return publish(path, lambda fh: torch.save(record, fh), overwrite=overwrite)
 
 
 def _plain(v):
@@ -300,7 +257,7 @@ def validate(case: Case, path=None) -> None:
     T = case.q.shape[0]
     for name, t, shape in (("q", case.q, (T, H, D)), ("k", case.k, (T, 1, D)), ("v", case.v, (T, 1, Dv))):
         if tuple(t.shape) != shape:
-            raise CaseError(name, f"shape {tuple(t.shape)}, expected {shape} (T={T}, H={H}, 576 = {Dl}+{Dr})", path)
+            raise CaseError(name, f"shape {tuple(t.shape)}, expected {shape} (T={T}, H={H}, {D} = {Dl}+{Dr})", path)
     if tuple(case.kv_buffer.shape[1:]) != (1, D) or case.kv_buffer.shape[0] < 1:
         raise CaseError("kv_buffer", f"shape {tuple(case.kv_buffer.shape)}, expected [N>=1, 1, {D}]", path)
     fix_i = "Index arrays are int32 or int64, 1-D."

@@ -38,16 +38,11 @@ def _load(path):
 
 def _backend_names(spec: str) -> list[str]:
     """'all' -> every registered backend (the unavailable ones are skipped, with their reason)."""
-    from .backends import BACKENDS
-    if spec.strip() == "all":
-        return list(BACKENDS)
-    names = [s.strip() for s in spec.split(",") if s.strip()]
-    unknown = [n for n in names if n not in BACKENDS]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(
-            f"unknown backend(s) {', '.join(unknown) or '(none given)'}; choose from "
-            f"{', '.join(BACKENDS)} or 'all'")
-    return names
+    from .backends import resolve
+    try:
+        return resolve(spec)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _int_list(text: str) -> list[int]:
@@ -208,6 +203,7 @@ def cmd_report(args) -> int:
 
 # ---- synth -------------------------------------------------------------------------------------
 def add_synth(p: argparse.ArgumentParser) -> None:
+    from .constants import LAYOUTS
     from .synth import KIMI_HEADS_PER_RANK, KIMI_SM_SCALE, TREES
     p.add_argument("--out", required=True, metavar="PATH", help="case file to write (.pt)")
     p.add_argument("--bs", type=int, default=None,
@@ -217,7 +213,7 @@ def add_synth(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heads", type=int, default=KIMI_HEADS_PER_RANK, help=f"query heads on this rank (default {KIMI_HEADS_PER_RANK}: Kimi 64 heads / TP8)")
     p.add_argument("--tree", choices=TREES, default="ddtree", help="draft tree shape (causal: no custom mask)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--layout", choices=("sglang", "unified"), default="sglang",
+    p.add_argument("--layout", choices=LAYOUTS, default="sglang",
                    help="sglang: indices cover the prefix, draft from k/v; unified: prefix + draft slots in the pool")
     p.add_argument("--magnitude", type=float, default=1.0, help="scale of q; 8..30 stresses the online softmax")
     p.add_argument("--logit-cap", type=float, default=0.0, help="soft cap of the logits, 0 for none")

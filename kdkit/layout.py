@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from .case import Case, CaseError
+from .constants import KV_INDICES_COVER, kv_indices_len, prefix_of
 
 
 def compact(kv_pool: torch.Tensor, kv_indices: torch.Tensor, out_cache_loc: torch.Tensor):
@@ -79,20 +80,29 @@ def to_layout(case: Case, layout: str) -> Case:
 
 
 def request_kv(case: Case, b: int):
-    """(K rows [kv_len, 576], V rows [kv_len, 512], prefix_len) of request b, as the kernel sees them.
+    """(K rows [prefix + q_len, 576], V rows [prefix + q_len, 512], prefix_len) of request b, as
+    the kernel sees them.
 
     sglang: prefix from the pool through kv_indices, draft from k/v.
     unified: every row from the pool through kv_indices; the draft is the tail after prefix_lens[b].
+    Raises ValueError when kv_indices do not cover what the layout says (the seed's prefix-only bug).
     """
     ks, ke = (int(x) for x in case.kv_indptr[b: b + 2])
     qs, qe = (int(x) for x in case.qo_indptr[b: b + 2])
+    n = qe - qs
+    p = prefix_of(case.layout, ke - ks, n) if case.layout == "sglang" else int(case.prefix_lens[b])
+    if ke - ks != kv_indices_len(case.layout, p, n):  # only the unified layout can break it
+        raise ValueError(f"request {b}: {ke - ks} KV rows but prefix "
+                         f"{p} + q_len {n} = {p + n} columns to attend to (layout {case.layout!r}: "
+                         f"kv_indices must cover {KV_INDICES_COVER[case.layout]}; covering only the prefix "
+                         "is the seed's prefix-only bug); run `kdkit inspect` for the marshaling lint")
     rows = case.kv_buffer[case.kv_indices[ks:ke].long(), 0]
     dv = case.v_head_dim
     if case.layout == "sglang":
         K = torch.cat([rows, case.k[qs:qe, 0].to(rows.dtype)])
         V = torch.cat([rows[:, :dv], case.v[qs:qe, 0].to(rows.dtype)])
-        return K, V, ke - ks
-    return rows, rows[:, :dv], int(case.prefix_lens[b])
+        return K, V, p
+    return rows, rows[:, :dv], p
 
 
 def draft_visibility(case: Case, b: int) -> torch.Tensor:

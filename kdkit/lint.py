@@ -22,6 +22,9 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 import torch
 
+from .constants import (FLOAT_DTYPES, INDEX_DTYPES, KV_LORA_RANK, LAYOUTS, MASK_DTYPES,
+                        QK_ROPE_HEAD_DIM, V_HEAD_DIM, kv_indices_len)
+
 SEVERITIES = ("error", "warning", "info")
 
 # SGLang's extend_attention_fwd tiles the draft rows in blocks of BLOCK_M: 32 for 576-dim MLA on
@@ -30,10 +33,6 @@ SEVERITIES = ("error", "warning", "info")
 TRITON_BLOCK_M = 32
 SMALLEST_BLOCK_M = 16  # sm_100
 
-FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-INDEX_DTYPES = (torch.int32, torch.int64)
-MASK_DTYPES = (torch.bool, torch.uint8)
-LAYOUTS = ("sglang", "unified")
 
 UNIFIED_FIX = ("In TARGET_VERIFY kv_indices cover only the committed prefix; build unified indices per "
                "request as cat(kv_indices[kv_indptr[b]:kv_indptr[b+1]], "
@@ -275,9 +274,9 @@ def check_tensors(ctx: _Ctx) -> Iterator[Finding]:
 
 def _shapes(ctx: _Ctx) -> Iterator[Finding]:
     H = ctx.scalar("num_heads", int)
-    Dl = ctx.scalar("kv_lora_rank", int) or 512
-    Dr = ctx.scalar("qk_rope_head_dim", int) or 64
-    Dv = ctx.scalar("v_head_dim", int) or 512
+    Dl = ctx.scalar("kv_lora_rank", int) or KV_LORA_RANK
+    Dr = ctx.scalar("qk_rope_head_dim", int) or QK_ROPE_HEAD_DIM
+    Dv = ctx.scalar("v_head_dim", int) or V_HEAD_DIM
     D = Dl + Dr
     T = ctx.T
     want = {"q": (T, H, D), "k": (T, 1, D), "v": (T, 1, Dv), "ref_out": (T, H, Dv), "ref_lse": (T, H)}
@@ -477,7 +476,7 @@ def check_layout_lengths(ctx: _Ctx) -> Iterator[Finding]:
         return
     kvp, ql, p = ctx.kvp, ctx.q_lens, ctx.prefix
     kv_len = [b - a for a, b in zip(kvp[:-1], kvp[1:])]
-    want = p if ctx.layout == "sglang" else [a + b for a, b in zip(p, ql)]
+    want = [kv_indices_len(ctx.layout, a, b) for a, b in zip(p, ql)]
     wrong = [b for b in range(len(want)) if kv_len[b] != want[b]]
     if not wrong:
         return

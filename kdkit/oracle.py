@@ -34,22 +34,41 @@ class RequestProbs:
     prefix_len: int
 
 
-def _request(case: Case, b: int):
+def _request(case: Case, b: int, rows: slice = slice(None), heads: slice = slice(None)):
+    """Masked, scaled, capped logits of request b ([n, H, kv]); `rows`/`heads` select a part."""
     qs, qe = (int(x) for x in case.qo_indptr[b: b + 2])
-    K, V, p = request_kv(case, b)
-    if K.shape[0] != p + (qe - qs):
-        raise ValueError(f"request {b}: {K.shape[0]} KV rows but prefix {p} + q_len {qe - qs} = "
-                         f"{p + qe - qs} columns in the mask; in the unified layout kv_indices must "
-                         "cover prefix + out_cache_loc (the seed's prefix-only bug: run `kdkit inspect`)")
-    q = _f64(case.q[qs:qe])                     # [n, H, 576]
+    K, V, p = request_kv(case, b)  # raises if kv_indices do not cover what the layout says
+    q = _f64(case.q[qs:qe][rows, heads])        # [n, H, 576]
     K, V = _f64(K), _f64(V)                     # [kv, 576], [kv, 512]
     n, H = q.shape[0], q.shape[1]
     s = (q.reshape(n * H, -1) @ K.T).reshape(n, H, -1) * case.sm_scale  # matmul: BLAS, threaded
     if case.logit_cap > 0:
         s = case.logit_cap * np.tanh(s / case.logit_cap)
-    vis = np.concatenate([np.ones((n, p), bool), draft_visibility(case, b)], axis=1)
+    vis = np.concatenate([np.ones((qe - qs, p), bool), draft_visibility(case, b)], axis=1)[rows]
     s = np.where(vis[:, None, :], s, -np.inf)
     return qs, qe, s, V, vis, p
+
+
+def _softmax(s: np.ndarray):
+    """(P, lse) along the last axis; a row with every column masked gets P = 0, lse = -inf."""
+    m = s.max(axis=-1, keepdims=True)
+    # only a row whose every column is masked (-inf) is empty; a NaN logit (a NaN input the
+    # row really sees, an infinite cap) must poison the row, never pass as "sees nothing"
+    empty = m == -np.inf
+    e = np.exp(s - np.where(empty, 0.0, m))
+    den = e.sum(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        P = np.where(empty, 0.0, e / np.where(empty, 1.0, den))
+        lse = np.where(empty[..., 0], -np.inf, np.log(den[..., 0]) + m[..., 0])
+    return P, lse
+
+
+def row_probs(case: Case, b: int, i: int, head: int) -> RequestProbs:
+    """The oracle's probabilities of one row (row i of request b, one head) along the request's
+    KV, computed for that row alone: one q . K row, not a second run of the whole oracle.
+    Fields as in run(with_probs=True)[2][b], with the row and head axes of length 1."""
+    _, _, s, _, vis, p = _request(case, b, rows=slice(i, i + 1), heads=slice(head, head + 1))
+    return RequestProbs(_softmax(s)[0], s, vis, p)
 
 
 def run(case: Case, with_probs: bool = False):
@@ -67,15 +86,7 @@ def run(case: Case, with_probs: bool = False):
         if qe == qs:
             per_req.append(None)
             continue
-        m = s.max(axis=-1, keepdims=True)
-        # only a row whose every column is masked (-inf) is empty; a NaN logit (a NaN input the
-        # row really sees, an infinite cap) must poison the row, never pass as "sees nothing"
-        empty = m == -np.inf
-        e = np.exp(s - np.where(empty, 0.0, m))
-        den = e.sum(axis=-1, keepdims=True)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            P = np.where(empty, 0.0, e / np.where(empty, 1.0, den))
-            lse[qs:qe] = np.where(empty[..., 0], -np.inf, np.log(den[..., 0]) + m[..., 0])
+        P, lse[qs:qe] = _softmax(s)
         # masked-out columns are exactly 0 in P; 0 * NaN from a poisoned row would still be NaN,
         # which is right: a visible NaN row should poison the oracle too.
         Vz = np.where(vis.any(axis=0)[:, None], V, 0.0)

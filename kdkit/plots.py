@@ -62,10 +62,12 @@ def kv_profile(case, token: int, head: int, backend: str | None = None, probs=No
     if not 0 <= head < case.num_heads:
         raise IndexError(f"head {head} outside 0..{case.num_heads - 1}")
     b, i = _request_of(case, token)
-    if probs is None:
-        probs = _oracle.run(case, with_probs=True)[2]
-    rp = probs[b]
-    p_row, vis = rp.probs[i, head], rp.visible[i]
+    if probs is None:  # this one row only: the oracle itself ran once, in replay
+        rp = _oracle.row_probs(case, b, i, head)
+        p_row, vis = rp.probs[0, 0], rp.visible[0]
+    else:
+        rp = probs[b]
+        p_row, vis = rp.probs[i, head], rp.visible[i]
     x = np.arange(p_row.shape[0])
     fig = go.Figure()
     fig.add_trace(go.Bar(x=x, y=p_row, name="oracle probability",

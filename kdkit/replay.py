@@ -4,22 +4,24 @@
     print(report.table())
 
 Each backend gets a fresh `case.clone()` (a backend that writes into its inputs cannot spoil the
-next one). The float64 oracle runs once. If SGLang's Triton kernel ran, its error against the
-oracle is the production error that the tolerance rule scales with (kdkit.compare.judge); if it
-did not but the case carries the live Triton output ("captured"), that serves instead. A backend
-that cannot run here is a "skipped" row with its one-line reason; one that raises is an "error"
-row; replay always goes on to the next.
+next one) through kdkit.backends.run (options checked the same way for all). The float64 oracle
+runs once, and the lint once, here: backends do not lint again; a backend marked LINT_CLEAN (a
+kernel a mis-marshaled case could make read out of bounds) is not run on a case with lint errors.
+If SGLang's Triton kernel ran, its error against the oracle is the production error that the
+tolerance rule scales with (kdkit.compare.judge); if it did not but the case carries the live
+Triton output ("captured"), that serves instead. A backend that cannot run here is a "skipped"
+row with its one-line reason; one that raises is an "error" row; replay always goes on to the next.
 """
 from __future__ import annotations
 
 import importlib
 import time
+from typing import Iterable
 from dataclasses import dataclass, field
 
 import torch
 
 from . import backends as _backends
-from . import oracle as _oracle
 from .compare import Metrics, Verdict, judge, metrics, seed_line
 
 # backends whose output *is* the production path (SGLang's Triton kernel), best first
@@ -102,7 +104,7 @@ def _timed(name: str, case, opts: dict):
     """Run a backend on a clone of the case; seconds include waiting for the device to finish."""
     c = case.clone()
     t0 = time.perf_counter()
-    res = _backends.get(name).run(c, **opts)
+    res = _backends.run(name, c, **opts)  # BackendUnavailable: a skipped row
     if isinstance(res.out, torch.Tensor) and res.out.is_cuda:
         torch.cuda.synchronize(res.out.device)
     return res, time.perf_counter() - t0
@@ -130,12 +132,21 @@ def _lint(case):
         return [], f"lint crashed: {type(e).__name__}: {e}"
 
 
-def replay(case, backends: list[str], against: str = "oracle", run_lint: bool = True,
-           **opts) -> ReplayReport:
+def _not_clean(errors) -> str:
+    return ("not run on a case with lint errors (a mis-marshaled case could make the kernel read out "
+            "of bounds): " + "; ".join(f"field '{e.field}': {e.message} (fix: {e.fix})" for e in errors[:3]))
+
+
+def replay(case, backends: str | Iterable[str], against: str = "oracle", run_lint: bool = True,
+           findings: list | None = None, **opts) -> ReplayReport:
     """Run `backends` on clones of `case`, judge each against `against` ("oracle" or a backend).
 
+    backends: a list of names, or a --backends string ("all", "oracle,torch": backends.resolve).
+    findings: the case's kdkit.lint findings if the caller has them already (not linted again).
     opts are per-backend option dicts keyed by backend name, e.g. torch={"device": "cuda"}.
     """
+    if isinstance(backends, str):
+        backends = _backends.resolve(backends)
     names = list(dict.fromkeys(backends))          # de-duplicated, order kept
     unknown = [n for n in [*names, against] if n != "oracle" and n not in _backends.BACKENDS]
     if unknown:
@@ -148,7 +159,11 @@ def replay(case, backends: list[str], against: str = "oracle", run_lint: bool = 
         if not isinstance(v, dict):
             raise TypeError(f"replay option {k}= must be a dict of that backend's options, got {type(v).__name__}")
 
-    lint, lint_error = _lint(case) if run_lint else ([], "lint not run (run_lint=False)")
+    if findings is not None:
+        lint, lint_error = list(findings), None
+    else:
+        lint, lint_error = _lint(case) if run_lint else ([], "lint not run (run_lint=False)")
+    lint_errors = [f for f in lint if getattr(f, "severity", None) == "error"]
 
     def report(rows, prod_name=None):
         return ReplayReport(case_id=case.case_id, summary=case.summary(), against=against, rows=rows,
@@ -158,12 +173,8 @@ def replay(case, backends: list[str], against: str = "oracle", run_lint: bool = 
     results: dict[str, tuple] = {}
     skipped: dict[str, str] = {}
     errors: dict[str, str] = {}
-    t0 = time.perf_counter()
     try:
-        o_out, o_lse = _oracle.run(case.clone())
-        results["oracle"] = (_backends.Result(torch.from_numpy(o_out), torch.from_numpy(o_lse),
-                                              {"device": "cpu", "dtype": "float64"}),
-                             time.perf_counter() - t0)
+        results["oracle"] = _timed("oracle", case, opts.get("oracle", {}))
     except Exception as e:
         # a case the reference cannot even read (a marshaling bug): no number can be judged;
         # every row says so and the lint findings say why
@@ -177,18 +188,15 @@ def replay(case, backends: list[str], against: str = "oracle", run_lint: bool = 
     for name in todo:
         if name in results or name in errors:
             continue
-        try:
-            why = _backends.unavailable(name, case)
-        except Exception as e:
-            errors[name] = f"unavailable() raised {type(e).__name__}: {e}"
-            continue
-        if why:
-            skipped[name] = why
+        if lint_errors and _backends.needs_clean_case(name):
+            errors[name] = _not_clean(lint_errors)
             continue
         try:
             res, secs = _timed(name, case, opts.get(name, {}))
             _check_shape(name, res, case)
             results[name] = (res, secs)
+        except _backends.BackendUnavailable as e:
+            skipped[name] = str(e)
         except Exception as e:
             errors[name] = f"{type(e).__name__}: {e}".splitlines()[0][:500]
 

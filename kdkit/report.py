@@ -12,13 +12,14 @@ import datetime as _dt
 import html
 import os
 import platform
-import tempfile
 from importlib import metadata
 from pathlib import Path
 
 import torch
 
 from .case import TENSOR_FIELDS, Case
+from .constants import KV_INDICES_COVER, kv_indices_len
+from .files import publish
 
 FORMATS = {".md": "markdown", ".html": "html", ".htm": "html"}
 
@@ -66,8 +67,7 @@ def request_rows(case: Case) -> list[dict]:
         prefix = _at(case.prefix_lens, b)
         ks, ke = _at(case.kv_indptr, b), _at(case.kv_indptr, b + 1)
         kv_len = None if ks is None or ke is None else ke - ks
-        # sglang: the indices cover the committed prefix; unified: prefix + the draft slots
-        kv_want = prefix if case.layout == "sglang" else prefix + q_len
+        kv_want = kv_indices_len(case.layout, prefix, q_len)
         row = {"b": b, "q_len": q_len, "prefix": prefix, "kv_len": kv_len, "kv_expected": kv_want,
                "mask_start": None, "mask_len": None, "mask_expected": None}
         if case.custom_mask is not None:
@@ -116,7 +116,7 @@ def describe_case(case: Case, path: str | os.PathLike | None = None, max_request
              _mark(r["mask_start"], None), _mark(r["mask_len"], r["mask_expected"])]
             for r in rows[:max_requests]]
     out.append(f"requests ({case.layout} layout; * = differs from what the layout implies: "
-               f"kv_len {'prefix' if case.layout == 'sglang' else 'prefix+q_len'}, "
+               f"kv_len {KV_INDICES_COVER[case.layout]}, "
                f"mask_len q_len*(prefix+q_len)):")
     out.append(_indent(_table(header, body)))
     if len(rows) > max_requests:
@@ -186,19 +186,11 @@ def skipped(rep) -> list[tuple[str, str]]:
 
 
 def ran_line(row) -> str | None:
-    """One line saying what a backend that ran actually was (SGLang release, device, splits)."""
-    i = row.info or {}
-    if row.status not in ("pass", "fail") or not i:
+    """`backend: what ran` for a backend that ran: its Result.info["ran"], as the backend said it."""
+    what = (row.info or {}).get("ran")
+    if row.status not in ("pass", "fail") or not what:
         return None
-    if "sglang_release" in i:
-        how = " under TRITON_INTERPRET=1" if i.get("interpreter") else ""
-        return (f"{row.backend}: SGLang {i['sglang_release']} ({i.get('source', '?')}), "
-                f"triton {i.get('triton', '?')} on {i.get('device', '?')}{how}")
-    if "nsplit" in i:
-        return f"{row.backend}: {i.get('device', '?')}, nsplit {i['nsplit']}, grid {i.get('grid')}, {i.get('module', '')}"
-    if "device" in i:
-        return f"{row.backend}: {i['device']}"
-    return None
+    return f"{row.backend}: {what}"
 
 
 def ran(rep) -> list[str]:
@@ -285,26 +277,6 @@ def free_path(path: str | os.PathLike, force: bool = False) -> Path:
         cand = path.with_name(f"{path.stem}-{stamp}-{n}{path.suffix}")
         n += 1
     return cand
-
-
-def _write_atomic(path: Path, text: str, force: bool) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a report is meant to be read by others
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        if force:
-            os.replace(tmp, path)
-        else:
-            os.link(tmp, path)  # fails if the name appeared meanwhile: never clobber silently
-            os.unlink(tmp)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def render_markdown(reports: list, sources: list | None = None, stopped: list | None = None) -> str:
@@ -407,7 +379,7 @@ def write_report(reports, path: str | os.PathLike, force: bool = False, sources:
     text = (render_markdown(reports, sources, stopped) if kind == "markdown"
             else render_html(reports, sources, figures=figures, cases=cases, stopped=stopped))
     target = free_path(path, force)
-    _write_atomic(target, text, force)
+    publish(target, text, overwrite=force)
     return target
 
 

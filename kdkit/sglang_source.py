@@ -280,14 +280,13 @@ def _triton_loaded_compiled() -> bool:
     return any(isinstance(v, JITFunction) for v in vars(std).values())
 
 
-def prepare_triton() -> str | None:
-    """Decide how Triton runs kernels in this process; call it before anything imports triton.
+def triton_problem() -> str | None:
+    """Why Triton cannot run kernels in this process (one line), or None. Only looks: changes
+    nothing (prepare_triton does the switching).
 
-    With a CUDA device: compiled, nothing to do. Without one: Triton's interpreter, which must be
-    switched on (TRITON_INTERPRET=1) BEFORE `import triton`, since @triton.jit picks interpreted
-    or compiled functions when it decorates them, triton.language's own helpers included; so
-    kdkit sets it here when it is unset. Returns None if kernels can run, else one line why not.
-    """
+    With a CUDA device: compiled. Without one: Triton's interpreter, which must be switched on
+    (TRITON_INTERPRET=1) BEFORE `import triton`, since @triton.jit picks interpreted or compiled
+    functions when it decorates them, triton.language's own helpers included."""
     import torch
     if torch.cuda.is_available():
         return None
@@ -295,13 +294,23 @@ def prepare_triton() -> str | None:
     if val is not None and not interpreting():
         return (f"no CUDA device and TRITON_INTERPRET={val!r}; unset it (kdkit then sets 1) to run "
                 "SGLang's kernel on the CPU under Triton's interpreter")
-    if val is None:
-        if _triton_loaded_compiled():
-            return ("no CUDA device, and triton was imported before TRITON_INTERPRET=1 was set, so "
-                    "its interpreter cannot run; set TRITON_INTERPRET=1 before importing triton "
-                    "(or use kdkit.backends.triton_sglang before anything else imports triton)")
-        os.environ["TRITON_INTERPRET"] = "1"
+    if val is None and _triton_loaded_compiled():
+        return ("no CUDA device, and triton was imported before TRITON_INTERPRET=1 was set, so "
+                "its interpreter cannot run; set TRITON_INTERPRET=1 before importing triton "
+                "(or use kdkit.backends.triton_sglang before anything else imports triton)")
     return None
+
+
+def prepare_triton() -> str | None:
+    """Decide how Triton runs kernels in this process; call it right before the first import of
+    triton. Without a CUDA device it sets TRITON_INTERPRET=1 when it is unset. Returns None if
+    kernels can run, else one line why not (triton_problem)."""
+    why = triton_problem()
+    if why is None and os.environ.get("TRITON_INTERPRET") is None:
+        import torch
+        if not torch.cuda.is_available():
+            os.environ["TRITON_INTERPRET"] = "1"
+    return why
 
 
 # ---- loading the kernel files under a private package ------------------------------------
@@ -426,10 +435,6 @@ def load_extend(source: Source | None = None) -> types.ModuleType:
         return _LOADED[key]
 
 
-def extend_attention_fwd(source: Source | None = None):
-    return load_extend(source).extend_attention_fwd
-
-
 def kernel_params(fn) -> dict:
     """Parameter name -> default (inspect.Parameter.empty if none) of a kernel entry point."""
     return {p.name: p.default for p in inspect.signature(fn).parameters.values()}
@@ -446,5 +451,6 @@ def sglang_modules_loaded() -> list[str]:
 
 
 __all__ = ["ENV_VAR", "PIN", "LAYOUTS", "Source", "SourceNotFound", "locate", "kernel_dir_in",
-           "installed_roots", "release_in_tree", "load_extend", "extend_attention_fwd",
-           "kernel_params", "sglang_modules_loaded", "prepare_triton", "interpreting", "HOW_TO_INSTALL"]
+           "installed_roots", "release_in_tree", "load_extend",
+           "kernel_params", "sglang_modules_loaded", "triton_problem", "prepare_triton", "interpreting",
+           "HOW_TO_INSTALL"]

@@ -9,6 +9,7 @@ import torch
 
 from . import trees
 from .case import Case, new_meta
+from .constants import KV_LORA_RANK, QK_DIM, check_layout
 from .layout import compact, to_unified
 
 # Kimi K2.6: sm_scale = 192**-0.5 * mscale**2 with yarn factor 64 (mscale = 0.1*ln(64)+1)
@@ -51,8 +52,8 @@ def make_case(bs: int = 1, prefix: int | Sequence[int] = 21, q_len: int | Sequen
     rng = np.random.default_rng(seed)
     gen = torch.Generator().manual_seed(seed)
     prefixes, q_lens = _per_request(prefix, bs, "prefix"), _per_request(q_len, bs, "q_len")
-    T, H, Dl, Dr = sum(q_lens), heads, 512, 64
-    D = Dl + Dr
+    check_layout(layout)
+    T, H, Dl, D = sum(q_lens), heads, KV_LORA_RANK, QK_DIM
 
     # realistic magnitudes: latent ~ unit RMS after the kv_a layernorm with a few hot channels,
     # rope part of similar size; q_nope absorbed through W_UK is larger and spikier.

@@ -100,9 +100,10 @@ def test_registry_and_result_info():
     case = synth.seed_shape()
     assert backends.unavailable("torch", case) is None
     res = backends.run("torch", case)
-    assert res.info == {"device": "cpu", "dtype": "bf16 out, fp32 math"}
-    with pytest.raises(TypeError, match="unknown option"):
-        torch_ref.run(case, nsplit=4)
+    assert res.info["device"] == "cpu" and res.info["dtype"] == "bf16 out, fp32 math"
+    assert res.ran.startswith("eager PyTorch") and "on cpu" in res.ran
+    with pytest.raises(TypeError, match="torch: unknown option.s. nsplit; this backend takes device"):
+        backends.run("torch", case, nsplit=4)
 
 
 def test_small_chunks_give_the_same_answer():

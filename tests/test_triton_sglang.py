@@ -15,6 +15,7 @@ LSE <= 2^-12 max(1, max|lse|). This kernel IS the production path, so the floor 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -23,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 
-from kdkit import compare, layout, oracle, synth
+from kdkit import backends, compare, layout, oracle, synth
 from kdkit import sglang_source as ss
 from kdkit.backends import BackendUnavailable
 from kdkit.backends import triton_sglang as tb
@@ -249,8 +250,8 @@ def test_out_of_bounds_mask_is_refused(source):
     short = case.clone(custom_mask=case.custom_mask[:-9])  # 9 x 30 = 270 needed, 261 given
     with pytest.raises(CaseError, match="custom_mask"):
         tb.run(short)
-    with pytest.raises(TypeError, match="unknown option"):
-        tb.run(case, nsplit=4)
+    with pytest.raises(TypeError, match="triton_sglang: unknown option.s. nsplit; this backend takes with_lse"):
+        backends.run("triton_sglang", case, nsplit=4)
 
 
 def test_lse_can_be_skipped(source):
@@ -259,10 +260,21 @@ def test_lse_can_be_skipped(source):
 
 
 def test_unavailable_is_none_when_a_source_exists(source):
+    env, mods = dict(os.environ), set(sys.modules)
     assert tb.unavailable(synth.seed_shape()) is None
-    if not torch.cuda.is_available():
-        # the interpreter was switched on for this process before triton loaded the kernel
-        assert os.environ.get("TRITON_INTERPRET") == "1"
+    assert dict(os.environ) == env and set(sys.modules) == mods, "unavailable() changed the process"
+
+
+def test_unavailable_imports_no_triton_and_sets_nothing(source):
+    """In a fresh process: unavailable() only looks; run() is what switches the interpreter on."""
+    code = ("import os, sys\n"
+            "from kdkit.backends import triton_sglang as tb\n"
+            "assert tb.unavailable() is None, tb.unavailable()\n"
+            "assert 'triton' not in sys.modules, 'unavailable() imported triton'\n"
+            "assert 'TRITON_INTERPRET' not in os.environ, 'unavailable() set TRITON_INTERPRET'\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="only without CUDA is the interpreter needed")

@@ -1,9 +1,30 @@
-"""Backends: every one is a module with `NAME`, `unavailable(case=None) -> str | None` and
-`run(case, **opts) -> Result`. `run` never mutates the case it is given."""
+"""Backends: one contract for all of them.
+
+A backend is a module with
+  NAME                                the registry name
+  unavailable(case=None) -> str|None  why it cannot run here (one line with the fix), or None.
+                                      No side effects: it sets no environment variable and loads
+                                      no kernel; it only looks (find_spec, files on disk, devices).
+  run(case, *, opt=default, ...)      -> Result. Options are keyword-only parameters with
+                                      defaults, never **kwargs: they are the backend's declared
+                                      options, read off the signature (`options(name)`).
+                                      run never mutates the case and does not lint it (replay
+                                      lints once).
+  LINT_CLEAN = True (optional)        replay runs it only on cases without lint errors (a kernel
+                                      that a mis-marshaled case could make read out of bounds).
+and its Result.info["ran"] is one line saying what ran (release, device, build, splits), which
+replay and the report print as they are.
+
+Call backends through `run(name, case, **opts)`: unknown options are refused here, the same way
+for every backend, before anything runs; an unavailable backend raises BackendUnavailable.
+`resolve("all" | "a,b" | [names])` turns a --backends value into names, for the CLI and notebooks.
+"""
 from __future__ import annotations
 
 import importlib
+import inspect
 from dataclasses import dataclass, field
+from typing import Iterable
 
 import torch
 
@@ -21,7 +42,11 @@ BACKENDS = {
 class Result:
     out: torch.Tensor                 # [T, H, 512], any float dtype, any device
     lse: torch.Tensor | None = None   # [T, H] natural-log LSE of the scaled (capped) logits
-    info: dict = field(default_factory=dict)  # what ran: device, release, splits, ...
+    info: dict = field(default_factory=dict)  # details; info["ran"]: one line saying what ran
+
+    @property
+    def ran(self) -> str:
+        return str(self.info.get("ran", ""))
 
 
 class BackendUnavailable(RuntimeError):
@@ -34,6 +59,38 @@ def get(name: str):
     return importlib.import_module(BACKENDS[name])
 
 
+def resolve(spec: str | Iterable[str]) -> list[str]:
+    """Backend names from a --backends value: "all" (every registered backend; those that cannot
+    run here become skipped rows with their reason), "oracle,torch", or a list of names.
+    Duplicates are dropped, order kept; an unknown or empty selection raises ValueError."""
+    if isinstance(spec, str):
+        if spec.strip() == "all":
+            return list(BACKENDS)
+        spec = spec.split(",")
+    names = list(dict.fromkeys(s.strip() for s in spec if s and s.strip()))
+    unknown = [n for n in names if n not in BACKENDS]
+    if unknown or not names:
+        raise ValueError(f"unknown backend(s) {', '.join(unknown) or '(none given)'}; choose from "
+                         f"{', '.join(BACKENDS)} or 'all'")
+    return names
+
+
+def options(name: str) -> dict:
+    """The options `name` takes: keyword -> default, read off its run() signature."""
+    params = inspect.signature(get(name).run).parameters.values()
+    return {p.name: p.default for p in params
+            if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "case"}
+
+
+def check_options(name: str, opts: dict) -> None:
+    """TypeError naming the backend, the unknown options and the ones it takes."""
+    known = options(name)
+    bad = sorted(set(opts) - set(known))
+    if bad:
+        takes = ", ".join(known) if known else "no options"
+        raise TypeError(f"{name}: unknown option(s) {', '.join(bad)}; this backend takes {takes}")
+
+
 def unavailable(name: str, case=None) -> str | None:
     """None if `name` can run on this machine, else one line saying why and how to fix it."""
     try:
@@ -43,8 +100,23 @@ def unavailable(name: str, case=None) -> str | None:
     return mod.unavailable(case)
 
 
+def needs_clean_case(name: str) -> bool:
+    return bool(getattr(get(name), "LINT_CLEAN", False))
+
+
 def run(name: str, case, **opts) -> Result:
+    """Run one backend: options checked, availability checked, then the backend's run."""
+    check_options(name, opts)
     why = unavailable(name, case)
     if why:
         raise BackendUnavailable(why)
-    return get(name).run(case, **opts)
+    res = get(name).run(case, **opts)
+    ran = res.info.get("ran") if isinstance(res.info, dict) else None
+    if not isinstance(ran, str) or not ran.strip() or "\n" in ran:
+        # the contract, not a guess: a backend that does not say what it ran is a kdkit bug
+        raise TypeError(f"{name}: Result.info['ran'] must be one line saying what ran, got {ran!r}")
+    return res
+
+
+__all__ = ["BACKENDS", "Result", "BackendUnavailable", "get", "resolve", "options", "check_options",
+           "unavailable", "needs_clean_case", "run"]

@@ -14,9 +14,7 @@ def unavailable(case=None):
     return None
 
 
-def run(case, **opts) -> Result:
-    if opts:
-        raise TypeError(f"captured backend takes no options, got {sorted(opts)}")
+def run(case) -> Result:
     why = unavailable(case)
     if why:
         raise RuntimeError(why)
@@ -24,4 +22,6 @@ def run(case, **opts) -> Result:
     info = {"device": str(case.ref_out.device), "dtype": str(case.ref_out.dtype).replace("torch.", ""),
             "source": case.meta.get("source"), "gpu": case.meta.get("gpu"),
             "sglang_version": case.meta.get("sglang_version")}
+    info["ran"] = (f"the output the live call stored in the case ({info['source'] or 'source unknown'}, "
+                   f"SGLang {info['sglang_version'] or '?'}, {info['gpu'] or 'GPU unknown'}, {info['dtype']})")
     return Result(case.ref_out.clone(), lse, info)

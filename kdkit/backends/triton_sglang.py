@@ -29,6 +29,7 @@ and 0.5.19 agree on everything used here):
 """
 from __future__ import annotations
 
+import importlib.util
 import warnings
 
 import torch
@@ -39,26 +40,21 @@ from ..layout import to_sglang
 from . import BackendUnavailable, Result
 
 NAME = "triton_sglang"
-OPTIONS = ("with_lse",)
 
 
 def unavailable(case=None) -> str | None:
-    why = sglang_source.prepare_triton()  # before the first import of triton in this process
+    """Looks only: imports no triton, loads no kernel file, sets no environment variable (run does
+    that). A kernel file that imports something kdkit cannot stand in for fails in run, by name."""
+    why = sglang_source.triton_problem()
     if why:
         return f"{NAME}: {why}"
     try:
-        src = sglang_source.locate()
+        sglang_source.locate()
     except sglang_source.SourceNotFound as e:
         return f"{NAME}: {e}"
-    try:
-        import triton  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("triton") is None:
         return (f"{NAME}: triton is not installed; `pip install 'triton>=3.7'` (the CPU interpreter "
                 "needs it too; triton <= 3.6 runs it only with numpy < 2.4)")
-    try:
-        sglang_source.load_extend(src)
-    except Exception as e:  # a release whose kernel files import something kdkit cannot stand in for
-        return f"{NAME}: cannot load {src.module_path} (release {src.release}): {type(e).__name__}: {e}"
     return None
 
 
@@ -88,16 +84,13 @@ def _check_launchable(case) -> None:
                             "mask, mask_indptr or kv_indptr was marshaled wrongly")
 
 
-def run(case, **opts) -> Result:
+def run(case, *, with_lse: bool = True) -> Result:
     """Run SGLang's extend_attention_fwd on `case` (never mutated).
 
     Options: with_lse (default True): also read the LSE where the release supports lse_extend.
     Returns Result(out [T, H, 512] bf16 on the device it ran on, lse [T, H] fp32 or None, info).
     """
-    bad = sorted(set(opts) - set(OPTIONS))
-    if bad:
-        raise TypeError(f"{NAME}: unknown option(s) {bad}; this backend takes {list(OPTIONS)}")
-    with_lse = bool(opts.get("with_lse", True))
+    with_lse = bool(with_lse)
     why = sglang_source.prepare_triton()  # must come before the first import of triton below
     if why:
         raise BackendUnavailable(f"{NAME}: {why}")
@@ -173,6 +166,8 @@ def run(case, **opts) -> Result:
         "lse": "lse_extend" if lse is not None else
                ("not requested" if not with_lse else f"release {src.release} has no lse_extend"),
     }
+    info["ran"] = (f"SGLang {src.release} ({src.origin}), triton {triton.__version__} "
+                   f"on {info['device']}" + (" under TRITON_INTERPRET=1" if interpret else ""))
     if interpret:
         info["note"] = ("no CUDA device: ran on the CPU under Triton's interpreter (TRITON_INTERPRET=1, "
                         "set by kdkit before the kernel module was loaded); numerics follow NumPy, "
