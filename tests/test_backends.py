@@ -17,13 +17,7 @@ def test_unknown_options_are_refused_the_same_way(name):
         backends.run(name, synth.seed_shape(), bogus=1)
 
 
-# cuda.run still swallows **_ until its adapter moves onto kdkit.kernel (the lead's half of
-# issue 7); strict, so this turns red the day it is fixed and the mark can go
-_DECLARED = [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="cuda.run takes **_"))
-             if n == "cuda" else n for n in backends.BACKENDS]
-
-
-@pytest.mark.parametrize("name", _DECLARED)
+@pytest.mark.parametrize("name", list(backends.BACKENDS))
 def test_options_are_declared_keywords(name):
     """Options are named keyword parameters with defaults, so options() lists them all."""
     params = inspect.signature(backends.get(name).run).parameters.values()

@@ -7,6 +7,7 @@ from .. import kernel
 from . import Result
 
 NAME = "cuda"
+LINT_CLEAN = True  # replay does not launch it on a case with lint errors (the lint names the bug)
 
 
 def unavailable(case=None):
@@ -44,4 +45,6 @@ def run(case, nsplit: int | None = None, mutant: str | None = None, nt: int | No
     out, lse = kernel.run(p, x["q"], x["k"], x["v"], x["kv_buffer"])
     torch.cuda.synchronize()
     info = {"device": torch.cuda.get_device_name(), **p.info}
+    info["ran"] = (f"{info['device']}, nsplit {p.nsplit}, grid {p.grid}, {p.key}"
+                   + (f", MUTANT {mutant}" if mutant else ""))
     return Result(out.clone(), lse.clone(), info)
