@@ -149,12 +149,16 @@ def test_rows_per_block(rows, nt, rpc):
 
 
 def test_nsplit_choice():
-    # bs 1, 32K prefix, 72 rows in 2 blocks: one wave over 132 SMs
-    assert schedule.choose_nsplit(1, 2, 32777, 132, 72) == 66
-    # short KV: no split under MIN_STEPS_PER_SPLIT steps of 32 rows
+    # bs 1, 32K prefix, 72 rows in 2 blocks: one full wave over 132 SMs
+    assert 60 <= schedule.choose_nsplit(1, 2, 32777, 132, 72) <= 66
+    # short KV (the seed's shape): one block per row group, no merge
     assert schedule.choose_nsplit(1, 2, 30, 132, 72) == 1
-    # a full batch needs no split
-    assert schedule.choose_nsplit(64, 2, 8192, 132, 64 * 72) == 2
+    # 32 requests x 2 blocks: 2 splits fill 128 SMs; 3 would need a second wave
+    assert schedule.choose_nsplit(32, 2, 4105, 132, 32 * 72) == 2
+    # never more blocks than one wave when the KV is long enough to fill it
+    for bs, blocks, kv in [(1, 13, 32832), (8, 2, 8201), (4, 52, 8449)]:
+        ns = schedule.choose_nsplit(bs, blocks, kv, 132, bs * blocks * 40)
+        assert bs * blocks * ns <= 132 or ns == 1
     assert 1 <= schedule.choose_nsplit(1, 1, 10 ** 7, 132, 10 ** 6) <= schedule.MAX_SPLITS
 
 

@@ -156,10 +156,18 @@ def test_cuda_graph_replay(max_q_len):
         assert v.passed, f"{case.summary()}: {v.reasons}"
 
 
+def _another_layer(case, seed):
+    """The same batch (indices, mask) with another layer's data: new q, k (= v's source), pool."""
+    g = torch.Generator().manual_seed(seed)
+    rnd = lambda t: torch.randn(t.shape, generator=g).to(t.dtype)  # noqa: E731
+    k = rnd(case.k)
+    return case.clone(q=rnd(case.q), k=k, v=k[..., :512].clone(), kv_buffer=rnd(case.kv_buffer))
+
+
 def test_one_plan_many_layers():
     """SGLang plans once per step and runs every layer: each layer's own q/k/v/pool and output."""
-    cases = [synth.make_case(bs=2, prefix=[40, 900], q_len=9, tree="ddtree", seed=20 + i, spare_rows=0)
-             for i in range(3)]
+    base = synth.make_case(bs=2, prefix=[40, 900], q_len=9, tree="ddtree", seed=20, poison_unused=False)
+    cases = [base] + [_another_layer(base, 21 + i) for i in range(2)]
     xs = [cuda.to_device(c) for c in cases]
     p = cuda.plan_case(cases[0], xs[0])
     outs = []

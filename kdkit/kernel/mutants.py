@@ -28,8 +28,10 @@ MUTANTS: dict[str, tuple[dict, str]] = {
                           "row (token, h) reads the q of head h + 1"),
     "bad-swizzle": ({"KD_MUT_SWZ_READ(r)": "(((r) + 1) & 7)"},
                     "the KV tile is read with a swizzle other than the one it was written with"),
-    "skip-pipeline-wait": ({"KD_MUT_WAIT_PENDING(n)": "((n) + 1)"},
-                           "a KV tile is read before its cp.async group has landed"),
+    "skip-pipeline-wait": ({"KD_MUT_COPY_STEP(last)": "(!(last))"},
+                           "the last KV tile of a split is read without its copy having landed: it "
+                           "holds the tile before it (what a skipped cp.async wait reads when the "
+                           "copy is late; a real skipped wait is a race that passes or fails by luck)"),
 }
 
 

@@ -7,10 +7,6 @@ from .spec import NT_CHOICES
 BLOCK_N = 32            # KV rows per pipeline step (kd_meta_block_n; checked against the build)
 MAX_SPLITS = 256
 WORKSPACE_LIMIT = 512 << 20  # fp32 partials beyond this are not worth the merge: fewer splits
-# A split shorter than this many steps of 32 KV rows spends more on its prologue (gathering Q)
-# and its share of the merge (2 KB of fp32 partial per query row, written and read back) than on
-# streaming KV.
-MIN_STEPS_PER_SPLIT = 8
 
 
 def cdiv(a: int, b: int) -> int:
@@ -29,10 +25,24 @@ def rows_per_block(rows: int, nt: int) -> int:
     return min(8 * nt, 8 * cdiv(cdiv(rows, blocks), 8))
 
 
+# Fixed cost of one block in units of one KV step (32 rows): gathering Q, the epilogue's writes,
+# and for a split its share of the merge (2 KB of fp32 partial per query row, written and read).
+BLOCK_OVERHEAD_STEPS = 4
+MERGE_OVERHEAD_STEPS = 2
+
+
 def choose_nsplit(bs: int, blocks_per_request: int, max_kv_len: int, sm_count: int, total_rows: int) -> int:
-    """One wave of blocks over the SMs (one block per SM: ~95 KB of shared memory), no split
-    shorter than MIN_STEPS_PER_SPLIT steps, a bounded workspace."""
-    want = cdiv(sm_count, max(1, bs * blocks_per_request))
-    by_len = max(1, cdiv(max_kv_len, BLOCK_N) // MIN_STEPS_PER_SPLIT)
+    """The split count with the least modelled time: blocks run one per SM (~95 KB of shared
+    memory, ~250 registers x 256 threads), so a launch takes ceil(blocks / SMs) waves of the
+    longest block, which streams ceil(steps / nsplit) steps plus a fixed overhead. Ties go to
+    fewer splits (less workspace); the workspace stays bounded."""
+    steps = max(1, cdiv(max_kv_len, BLOCK_N))
+    per_split = max(1, bs * blocks_per_request)
     by_ws = max(1, WORKSPACE_LIMIT // max(1, total_rows * 512 * 4))
-    return int(max(1, min(want, by_len, by_ws, MAX_SPLITS)))
+    best, best_cost = 1, None
+    for ns in range(1, min(MAX_SPLITS, steps, by_ws) + 1):
+        waves = cdiv(per_split * ns, sm_count)
+        cost = waves * (cdiv(steps, ns) + BLOCK_OVERHEAD_STEPS) + (MERGE_OVERHEAD_STEPS if ns > 1 else 0)
+        if best_cost is None or cost < best_cost:
+            best, best_cost = ns, cost
+    return best

@@ -31,6 +31,6 @@
 #ifndef KD_MUT_SWZ_READ       // the XOR swizzle the readers of a KV tile assume (writers use r & 7)
 #define KD_MUT_SWZ_READ(r) ((r) & 7)
 #endif
-#ifndef KD_MUT_WAIT_PENDING   // cp.async groups left in flight before a KV tile is read
-#define KD_MUT_WAIT_PENDING(n) (n)
+#ifndef KD_MUT_COPY_STEP      // whether a KV step's copy into shared memory is issued (last: the split's last step)
+#define KD_MUT_COPY_STEP(last) true
 #endif

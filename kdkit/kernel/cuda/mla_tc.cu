@@ -138,23 +138,36 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   const kd_u32 s_ring = kd::smem_addr(smem);
   const kd_u32 s_p = kd::smem_addr(sP);
 
-  // ---- KV step loader: position pos -> pool row (prefix, or all when unified) or k row ----------
-  auto load_step = [&](int stage, int start) {
+  // ---- KV step loader. Thread -> KV row (tid >> 3) of a step, 16-byte chunks (tid & 7) + 8j of it:
+  // one pool index per thread per step, fetched three steps ahead, the row pulled into L2 two steps
+  // ahead, and copied to shared memory (cp.async) one step ahead, so no copy waits on an index.
+  const int ld_row = tid >> 3, ld_c0 = tid & 7;
+  auto fetch_index = [&](int pos) -> kd_i64 {
+    return (pos < kv_end && pos < pool_len) ? static_cast<kd_i64>(kv_indices[kv_start + pos]) : 0;
+  };
+  auto row_src = [&](int pos, kd_i64 idx) -> const bf16* {
+    if (pos >= kv_end) return nullptr;
+    return pos < pool_len ? pool + idx * p.kv_stride_row : kg_ + static_cast<kd_i64>(qs + pos - pool_len) * p.k_stride_tok;
+  };
+  auto prefetch_l2 = [&](const bf16* src) {
+    if (src == nullptr) return;  // 9 lines of 128 B per KV row: lines ld_c0 and, for ld_c0 0, line 8
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src + ld_c0 * 64));
+    if (ld_c0 == 0) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src + 8 * 64));
+  };
+  auto copy_step = [&](int stage, const bf16* src, bool last) {
     const kd_u32 base = s_ring + stage * KD_STAGE_BYTES;
-#pragma unroll 3
-    for (int e = tid; e < KD_BN * KD_CHUNKS; e += KD_THREADS) {
-      const int r = e / KD_CHUNKS, c = e % KD_CHUNKS;
-      const int pos = start + r;
-      const bool valid = pos < kv_end;
-      const bf16* src = pool;  // any valid address: a zero-fill reads nothing
-      if (valid)
-        src = pos < pool_len ? pool + static_cast<kd_i64>(kv_indices[kv_start + pos]) * p.kv_stride_row + c * 8
-                             : kg_ + static_cast<kd_i64>(qs + pos - pool_len) * p.k_stride_tok + c * 8;
-      kd::cp_async_16(base + tile_off(r, c), src, valid);
+    const bool valid = src != nullptr && KD_MUT_COPY_STEP(last);
+#pragma unroll
+    for (int j = 0; j < KD_CHUNKS / 8; ++j) {
+      const int c = ld_c0 + 8 * j;
+      kd::cp_async_16(base + tile_off(ld_row, c), valid ? src + c * 8 : pool, valid);
     }
     kd::cp_async_commit();
   };
-  if (nsteps > 0) load_step(0, kv_begin);  // in flight while Q is gathered
+  kd_i64 idx1 = fetch_index(kv_begin + KD_BN + ld_row);       // step 1
+  kd_i64 idx2 = fetch_index(kv_begin + 2 * KD_BN + ld_row);   // step 2
+  if (nsteps > 0) copy_step(0, row_src(kv_begin + ld_row, fetch_index(kv_begin + ld_row)), nsteps == 1);
+  if (nsteps > 1) prefetch_l2(row_src(kv_begin + KD_BN + ld_row, idx1));
 
   // ---- Q as B fragments, this warp's dim group only: B[k = dim][n = row] = q[row][dim] --------
   const int mg = warp & 1, dg = warp >> 1;
@@ -189,10 +202,13 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     const int start = kv_begin + it * KD_BN;
     const int stage = it & 1;
     if (it + 1 < nsteps) {
-      load_step(stage ^ 1, start + KD_BN);
-      kd::cp_async_wait<KD_MUT_WAIT_PENDING(1)>();
+      copy_step(stage ^ 1, row_src(start + KD_BN + ld_row, idx1), it + 2 == nsteps);
+      idx1 = idx2;                                           // step it + 2
+      idx2 = fetch_index(start + 3 * KD_BN + ld_row);        // step it + 3
+      prefetch_l2(row_src(start + 2 * KD_BN + ld_row, idx1));
+      kd::cp_async_wait<1>();
     } else {
-      kd::cp_async_wait<KD_MUT_WAIT_PENDING(0)>();
+      kd::cp_async_wait<0>();
     }
     __syncthreads();
     const kd_u32 s_tile = s_ring + stage * KD_STAGE_BYTES;
@@ -240,23 +256,19 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
       }
     }
 
-    // ---- online softmax: column q = warp + 8j, lane = KV row of this step ----------------------
+    // ---- online softmax: column q = warp + 8j, lane = KV row of this step. The columns' warp
+    // reductions are interleaved (no branch between them) so their shuffle latencies overlap.
     {
       const int pos = start + lane;
+      float x[KD_NT], mx[KD_NT], pj[KD_NT], ps[KD_NT];
 #pragma unroll
       for (int j = 0; j < KD_NT; ++j) {
         const int q = warp + 8 * j;
-        if (q >= nrows) {  // warp-uniform; keeps P and the rescale of idle columns harmless
-          sP[q * KD_PPITCH + lane] = __float2bfloat16(0.f);
-          if (lane == 0) sAlpha[q] = 1.f;
-          continue;
-        }
         const float* sc = sS + q * KD_SPITCH + lane;
-        float x = (sc[0] + sc[KD_NQ * KD_SPITCH]) + (sc[2 * KD_NQ * KD_SPITCH] + sc[3 * KD_NQ * KD_SPITCH]);
-        x *= scale;
-        if (cap > 0.f) x = cap * tanhf(x / cap);
-        x *= KD_LOG2E;
-        bool visible = pos < kv_end;
+        float s = (sc[0] + sc[KD_NQ * KD_SPITCH]) + (sc[2 * KD_NQ * KD_SPITCH] + sc[3 * KD_NQ * KD_SPITCH]);
+        s *= scale;
+        if (cap > 0.f) s = cap * tanhf(s / cap);
+        bool visible = q < nrows && pos < kv_end;  // idle columns see nothing: p = 0
         if (visible && pos >= prefix) {
           const int i = (row0 + q) / H, jc = pos - prefix;
           if (mask)
@@ -265,15 +277,33 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
           else
             visible = !p.causal || jc <= i;
         }
-        x = visible ? x : -KD_INF;
-        const float m_new = fmaxf(m_run[j], kd::warp_max(x));
+        x[j] = visible ? s * KD_LOG2E : -KD_INF;
+        mx[j] = x[j];
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int j = 0; j < KD_NT; ++j) mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], o));
+      float alpha[KD_NT];
+#pragma unroll
+      for (int j = 0; j < KD_NT; ++j) {
+        const float m_new = fmaxf(m_run[j], mx[j]);
         // a column with nothing visible yet keeps m = -inf: its p is 0 and its rescale 1
-        const float pj = m_new == -KD_INF ? 0.f : exp2f(x - m_new);
-        const float alpha = m_new == -KD_INF ? 1.f : exp2f(m_run[j] - m_new);
-        l_run[j] = l_run[j] * alpha + kd::warp_sum(pj);
+        pj[j] = m_new == -KD_INF ? 0.f : exp2f(x[j] - m_new);
+        alpha[j] = m_new == -KD_INF ? 1.f : exp2f(m_run[j] - m_new);
         m_run[j] = m_new;
-        sP[q * KD_PPITCH + lane] = __float2bfloat16(pj);
-        if (lane == 0) sAlpha[q] = alpha;
+        ps[j] = pj[j];
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int j = 0; j < KD_NT; ++j) ps[j] += __shfl_xor_sync(0xffffffffu, ps[j], o);
+#pragma unroll
+      for (int j = 0; j < KD_NT; ++j) {
+        const int q = warp + 8 * j;
+        l_run[j] = l_run[j] * alpha[j] + ps[j];
+        sP[q * KD_PPITCH + lane] = __float2bfloat16(pj[j]);
+        if (lane == 0) sAlpha[q] = alpha[j];
       }
     }
     __syncthreads();
