@@ -23,7 +23,7 @@ from typing import Callable
 
 import torch
 
-from . import lint, synth
+from . import lint, shapes
 from .case import Case, load
 from .files import publish
 from .layout import to_unified
@@ -50,36 +50,37 @@ def _finish(case: Case, case_id: str, note: str) -> Case:
     return case
 
 
+def _shape(name: str) -> Case:
+    """The synthetic case of a bundled shape (kdkit/shapes.json, set "bundled")."""
+    return shapes.make_case(shapes.find("bundled", name))
+
+
 def _seed_shape() -> Case:
-    return _finish(synth.seed_shape(seed=0), "seed-shape",
+    return _finish(_shape("seed-shape"), "seed-shape",
                    "The seed's failing call, correctly marshaled: bs 1, prefix 21, q_len 9, H 8, an EAGLE-like "
                    "tree (mask 9 x 30 = 270), sglang layout.")
 
 
 def _ragged() -> Case:
-    c = synth.make_case(bs=4, prefix=[0, 37, 300, 5], q_len=[9, 1, 33, 16], tree="ddtree", seed=1,
-                        case_id="ragged-bs4")
-    return _finish(c, "ragged-bs4",
+    return _finish(_shape("ragged-bs4"), "ragged-bs4",
                    "A ragged batch of 4 DDTree-like requests: prefixes 0, 37, 300, 5 and q_lens 9, 1, 33, 16 "
                    "(a prefix-0 request, a q_len-1 request, one spanning two 32-row Triton blocks).")
 
 
 def _ddtree64() -> Case:
-    c = synth.make_case(bs=1, prefix=256, q_len=65, tree="ddtree", seed=2, case_id="ddtree-b64")
-    return _finish(c, "ddtree-b64",
+    return _finish(_shape("ddtree-b64"), "ddtree-b64",
                    "DDTree best-first tree with budget 64 (q_len 65 = root + 64), prefix 256, H 8; numbered "
                    "parents-first so SGLang's 32-row Triton blocks see every ancestor.")
 
 
 def _long_prefix() -> Case:
-    c = synth.make_case(bs=1, prefix=8192, q_len=9, tree="ddtree", seed=3, case_id="long-prefix-8k")
-    return _finish(c, "long-prefix-8k",
+    return _finish(_shape("long-prefix-8k"), "long-prefix-8k",
                    "A long committed prefix: bs 1, prefix 8192, q_len 9 DDTree-like tree, H 8 (the shape where "
                    "SGLang's Triton extend kernel reaches ~7 GB/s).")
 
 
 def _mask_indptr_sliced() -> Case:
-    c = synth.make_case(bs=2, prefix=[21, 21], q_len=9, tree="eagle", seed=4)
+    c = _shape("mask-indptr-sliced")
     # the bug: mask_indptr[1:] (bs END offsets) where the whole bs+1 start offsets belong
     c.mask_indptr = c.mask_indptr[1:].clone()
     return _finish(c, "failure-mask-indptr-sliced",
@@ -89,7 +90,7 @@ def _mask_indptr_sliced() -> Case:
 
 
 def _prefix_only_kv_indices() -> Case:
-    c = to_unified(synth.seed_shape(seed=5))
+    c = to_unified(_shape("prefix-only-kv-indices"))
     # the bug: a unified-layout replay whose kv_indices keep only the prefix (TARGET_VERIFY's
     # kv_indices), so the 9 draft tokens written at out_cache_loc are never read
     p = int(c.prefix_lens[0])
@@ -206,12 +207,6 @@ def build(out: str | os.PathLike = DEFAULT_DIR, force: bool = False, log=print) 
 def load_manifest(out: str | os.PathLike = DEFAULT_DIR) -> dict:
     with open(Path(out) / MANIFEST) as fh:
         return json.load(fh)
-
-
-def paths(out: str | os.PathLike = DEFAULT_DIR, kind: str = "all") -> list[Path]:
-    """Bundled case files from the manifest: kind 'good' (replay passes), 'failure', or 'all'."""
-    want = {"good": ("pass",), "failure": ("lint-error",), "all": ("pass", "lint-error")}[kind]
-    return [Path(out) / e["path"] for e in load_manifest(out)["cases"] if e["expected_replay"] in want]
 
 
 def verify(out: str | os.PathLike = DEFAULT_DIR, oracle: bool = True) -> list[str]:

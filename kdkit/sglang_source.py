@@ -50,7 +50,7 @@ LAYOUTS = (
 )
 KERNEL_FILE = "extend_attention.py"
 HOW_TO_INSTALL = (f"`pip install --no-deps sglang=={PIN}` or set {ENV_VAR} to an unpacked tree "
-                  "(shared/offline-gpu/wheelhouse.sh makes one)")
+                  "(scripts/wheelhouse.sh makes one)")
 _VERSION_RE = r"\d+\.\d+\.\d+(?:\.?post\d+|rc\d+|\.dev\d+)?"
 
 
@@ -127,7 +127,7 @@ def release_in_tree(root: Path, kernel_dir: Path | None = None) -> str | None:
 
 
 # sha256 of extend_attention.py in the release wheels kdkit was checked against: names the release
-# of a tree that carries no version file (shared/offline-gpu/wheelhouse.sh unpacks only kernels)
+# of a tree that carries no version file (scripts/wheelhouse.sh unpacks only kernels)
 KNOWN_KERNEL_SHA256 = {
     "be6a492113ee2e9dad04156c7a4a2c362ef2f2fd4baefd9ec44df30e789ea7a6": "0.5.10",
     "564212736ec4eb02e1566effff571d9c35402772598c4d190d07af09903c6d28": "0.5.12",
@@ -153,7 +153,7 @@ def _source_from_env(value: str) -> Source:
             return Source(root.resolve(), found[0].resolve(), found[1], rel, ENV_VAR)
     wanted = " or ".join(f"{rel}/{KERNEL_FILE}" for rel, _ in LAYOUTS)
     raise SourceNotFound(f"{ENV_VAR}={value}: no {wanted} under it; point it at the folder that "
-                         "holds sglang/ (shared/offline-gpu/wheelhouse.sh unpacks one into .whl/sglang-src)")
+                         "holds sglang/ (scripts/wheelhouse.sh unpacks one into .whl/sglang-src)")
 
 
 def locate() -> Source:

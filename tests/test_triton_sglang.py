@@ -56,7 +56,7 @@ def _unpack(whl: Path, dest: Path, release: str, with_meta: bool) -> Path:
 
 @pytest.fixture(scope="session")
 def trees(tmp_path_factory):
-    """release -> (tree with dist-info, bare kernel tree like shared/offline-gpu/wheelhouse.sh's)."""
+    """release -> (tree with dist-info, bare kernel tree like scripts/wheelhouse.sh's)."""
     out = {}
     for rel in RELEASES:
         whl = _wheel(rel)

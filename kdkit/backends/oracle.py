@@ -15,11 +15,6 @@ def unavailable(case=None):
 
 def run(case) -> Result:
     out, lse = oracle.run(case)
-    return as_result(out, lse)
-
-
-def as_result(out, lse) -> Result:
-    """The oracle's arrays as a Result (replay runs kdkit.oracle itself to keep the probabilities)."""
     info = {"device": "cpu", "dtype": "float64",
             "ran": "NumPy float64 reference from the case's inputs, on the CPU"}
     return Result(torch.from_numpy(out), torch.from_numpy(lse), info)
