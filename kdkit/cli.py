@@ -295,6 +295,18 @@ def cmd_compile(args) -> int:
     return worst
 
 
+def add_bench(p: argparse.ArgumentParser) -> None:
+    from .bench import add_arguments
+    add_arguments(p)
+
+
+def cmd_bench(args) -> int:
+    """Benchmark kdkit's kernel beside SGLang's Triton kernels and torch on this GPU, against the
+    measured roofline; write benchmarks/results/<gpu>-<date>.json and print the summary table."""
+    from .bench import main as bench_main
+    return bench_main(args)
+
+
 # ---- the table of subcommands --------------------------------------------------------------------
 # (name, add_arguments, handler); the handler's docstring is the help text
 COMMANDS: list[tuple] = [
@@ -303,6 +315,7 @@ COMMANDS: list[tuple] = [
     ("report", add_report, cmd_report),
     ("synth", add_synth, cmd_synth),
     ("compile", add_compile, cmd_compile),
+    ("bench", add_bench, cmd_bench),
 ]
 
 

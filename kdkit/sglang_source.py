@@ -416,22 +416,28 @@ class _PrivatePackage:
 
 
 _LOCK = threading.Lock()
-_LOADED: dict[tuple[str, str], types.ModuleType] = {}
+_LOADED: dict[tuple[str, str, str], types.ModuleType] = {}
 
 
 def load_extend(source: Source | None = None) -> types.ModuleType:
     """The release's extend_attention module (cached per source and per TRITON_INTERPRET mode,
     since @triton.jit picks the interpreter when a module is executed)."""
+    return load_module(KERNEL_FILE[:-3], source)
+
+
+def load_module(name: str, source: Source | None = None) -> types.ModuleType:
+    """A module of the release's kernel directory by file stem (extend_attention,
+    decode_attention, ...), loaded like load_extend."""
     source = source or locate()
     why = prepare_triton()
     if why:
         raise RuntimeError(why)
     tag = "interpret" if interpreting() else "compiled"
-    key = (str(source.kernel_dir), tag)
+    key = (str(source.kernel_dir), tag, name)
     with _LOCK:
         if key not in _LOADED:
             pkg = _PrivatePackage(source, tag)
-            _LOADED[key] = pkg._load(KERNEL_FILE[:-3], "kdkit")
+            _LOADED[key] = pkg._load(name, "kdkit")
         return _LOADED[key]
 
 

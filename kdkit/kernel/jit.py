@@ -226,13 +226,10 @@ def build(source: str | Path, defines: dict, arch: str, tags: dict | None = None
 
 
 def _write_atomic(p: Path, data: bytes) -> None:
-    """Write-then-rename with a unique temp name: a concurrent build (another process or thread)
-    of the same key never sees half a file."""
-    import tempfile
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-    os.replace(tmp, p)
+    """Published whole (kdkit.files); a concurrent build of the same key wrote the same bytes, so
+    whichever landed first is kept."""
+    from ..files import publish
+    publish(p, data, exist_ok=True)
 
 
 def device_arch() -> str:

@@ -1,0 +1,365 @@
+"""`kdkit bench`: kdkit's kernel beside SGLang's Triton kernels and eager PyTorch, against the
+roofline measured on the same GPU in the same run.
+
+Timing: CUDA events around the launch(es) (the kernel's partial and merge together), a 256 MiB
+read before each timed call so that no KV is left in L2 (a read, not a write: a memset would leave
+L2 full of dirty lines whose write-back the next kernel pays), one warm-up, the median of the
+repetitions. The CUDA kernel is also timed under CUDA-graph replay.
+
+Roofline time of a shape = max(bytes / copy bandwidth, FLOPs / mma.sync rate): bytes = every KV
+row once (prefix + draft) x 576 x 2 + q + out; FLOPs = 2 x rows x KV length x (576 + 512) summed
+over the requests; the copy bandwidth (device-to-device copy, read + write bytes) and the rate of
+mma.sync.m16n8k16 bf16 (kdkit's own microbenchmark, cuda/mma_peak.cu) are measured first.
+
+Output: one JSON file per run, benchmarks/results/<gpu>-<date>.json:
+{"gpu", "sms", "copy_gbps", "mma_tflops", "driver", "versions", "date", "rows": [{backend, bs,
+prefix, q_len, heads, nsplit, nsplit_auto, graph, us, gbps, floor_us, roofline_frac,
+speedup_vs_triton}]}.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+BACKENDS = ("cuda", "triton_sglang", "triton_decode", "torch")
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+FLUSH_BYTES = 256 << 20
+D, DV = 576, 512
+
+
+@dataclass(frozen=True)
+class Shape:
+    bs: int
+    prefix: int
+    q_len: int
+    heads: int = 8
+
+    @property
+    def label(self) -> str:
+        return f"{self.bs}x{self.prefix} q{self.q_len} H{self.heads}"
+
+    def nbytes(self) -> int:
+        T = self.bs * self.q_len
+        return self.bs * (self.prefix + self.q_len) * D * 2 + T * self.heads * (D + DV) * 2
+
+    def flops(self) -> int:
+        return 2 * self.bs * self.q_len * self.heads * (self.prefix + self.q_len) * (D + DV)
+
+
+# The grid of issue 9: bs 1, 8, 32; prefix 21, 1K, 8K, 32K, 128K; q_len 9, 64, 257; H 8 and 16,
+# without the corners whose KV (bs x prefix) or scores would not fit the time of one GPU command.
+QUICK = [Shape(1, 21, 9), Shape(1, 1024, 9), Shape(1, 8192, 9), Shape(1, 32768, 9), Shape(1, 131072, 9),
+         Shape(8, 8192, 9), Shape(32, 4096, 9), Shape(1, 32768, 64), Shape(4, 8192, 257)]
+
+
+def grid(quick: bool = False) -> list[Shape]:
+    if quick:
+        return list(QUICK)
+    out = []
+    for heads in (8, 16):
+        for q_len in (9, 64, 257):
+            for bs in (1, 8, 32):
+                for prefix in (21, 1024, 8192, 32768, 131072):
+                    rows = bs * q_len * heads
+                    if bs * prefix > 262144 or rows * (prefix + q_len) > 2.5e9:
+                        continue
+                    out.append(Shape(bs, prefix, q_len, heads))
+    extra = [s for s in QUICK if s not in out]
+    return extra + out
+
+
+# ---- the machine's ceilings --------------------------------------------------------------------
+class Timer:
+    def __init__(self, device):
+        self.flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.float32, device=device).uniform_()
+        self.sink = torch.empty((), dtype=torch.float32, device=device)
+
+    def _flush(self):
+        torch.sum(self.flush, out=self.sink)  # reads 256 MiB: L2 holds none of the KV, and nothing dirty
+
+    def us(self, fn, reps: int | None = None, budget_s: float = 1.0) -> float:
+        fn()
+        torch.cuda.synchronize()
+        if reps is None:  # as many as fit the budget, 5..50
+            t0 = self._once(fn)
+            reps = int(max(5, min(50, budget_s / max(t0 * 1e-6, 1e-9))))
+        return sorted(self._once(fn) for _ in range(reps))[reps // 2]
+
+    def _once(self, fn) -> float:
+        self._flush()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b) * 1e3
+
+
+def copy_gbps(timer: Timer, device) -> float:
+    """Device-to-device copy of 1 GiB: (read + write) bytes / median time."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    us = timer.us(lambda: dst.copy_(src), reps=10)
+    del src, dst
+    return 2 * (1 << 30) / us / 1e3
+
+
+def mma_tflops(timer: Timer, device) -> float:
+    """kdkit's mma.sync microbenchmark: one block of 8 warps per SM, 8 independent chains each."""
+    import cupy
+
+    from .kernel import jit
+    mod = jit.build("mma_peak.cu", {}, jit.device_arch(), tags={})
+    fn = jit.load(mod).get_function("kd_mma_peak")
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    out = torch.empty(sms * 256, dtype=torch.float32, device=device)
+    iters = 20000
+    from .kernel.api import _torch_stream
+
+    def launch():
+        with _torch_stream():
+            fn((sms,), (256,), (cupy.from_dlpack(out), cupy.int32(iters)))
+    us = timer.us(launch, reps=10)
+    return sms * 8 * iters * mod.meta()["flops_per_iter_warp"] / us / 1e6
+
+
+# ---- the backends, each a launch-only closure over device tensors ------------------------------
+def make_case(shape: Shape, seed: int = 1):
+    from . import synth
+    return synth.make_case(bs=shape.bs, prefix=shape.prefix, q_len=shape.q_len, heads=shape.heads,
+                           tree="ddtree", seed=seed, spare_rows=0, poison_unused=False)
+
+
+def cuda_launcher(case, x, nsplit=None):
+    from . import kernel
+    from .backends import cuda
+    p = cuda.plan_case(case, x, nsplit=nsplit)
+    return (lambda: kernel.run(p, x["q"], x["k"], x["v"], x["kv_buffer"])), p
+
+
+def graph_of(fn):
+    """fn captured in a CUDA graph; returns the replay."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g.replay
+
+
+def triton_extend_launcher(case):
+    from .backends import triton_sglang
+    launch, _, _, _ = triton_sglang.prepare(case, with_lse=False)
+    return launch
+
+
+def triton_decode_launcher(case):
+    """SGLang's Triton decode kernel with one query per tree node: node i of request b attends to
+    the request's prefix and to the draft slots it may see (its ancestors and itself)."""
+    from . import layout, sglang_source
+    mod = sglang_source.load_module("decode_attention")
+    fwd = mod.decode_attention_fwd
+    names = sglang_source.kernel_params(fwd)
+    u = layout.to_unified(case)
+    dev = torch.device("cuda")
+    kvp = u.kv_indptr.long()
+    idx, indptr = [], [0]
+    for b in range(u.batch_size):
+        qs, qe = (int(v) for v in u.qo_indptr[b:b + 2])
+        n = qe - qs
+        seg = u.kv_indices[int(kvp[b]):int(kvp[b + 1])].long()
+        prefix, draft = seg[: len(seg) - n], seg[len(seg) - n:]
+        vis = layout.draft_visibility(u, b)
+        for i in range(n):
+            idx.append(torch.cat([prefix, draft[vis[i]]]))
+            indptr.append(indptr[-1] + len(idx[-1]))
+    kv_indices = torch.cat(idx).to(dev, torch.int64)
+    kv_indptr = torch.tensor(indptr, dtype=torch.int64, device=dev)
+    T, H = u.num_tokens, u.num_heads
+    splits = 8  # SGLang's default triton_attention_num_kv_splits
+    q = u.q.to(dev)
+    kv_buffer = u.kv_buffer.to(dev)
+    o = torch.empty(T, H, DV, dtype=q.dtype, device=dev)
+    logits = torch.empty(T, H, splits, DV, dtype=torch.float32, device=dev)
+    lse = torch.empty(T, H, splits, dtype=torch.float32, device=dev)
+    nks = torch.full((T,), splits, dtype=torch.int32, device=dev)
+    kw = {"logit_cap": float(u.logit_cap)}
+    if "has_mla" in names:
+        kw["has_mla"] = True
+    args = (q, kv_buffer, kv_buffer[..., :DV], o, kv_indptr, kv_indices, logits, lse, nks, splits,
+            float(u.sm_scale), 1.0, 1.0)
+    return lambda: fwd(*args, **kw)
+
+
+def torch_launcher(case):
+    from .backends import torch_ref
+    gpu = case.clone(**{n: getattr(case, n).cuda() for n in ("q", "k", "v", "kv_buffer")})
+    return lambda: torch_ref.run(gpu, device="cuda")
+
+
+# ---- the run -------------------------------------------------------------------------------------
+def _row(backend, shape, us, ceil, nsplit=None, auto=False, graph=False):
+    floor = max(shape.nbytes() / ceil["copy_gbps"] / 1e3, shape.flops() / ceil["mma_tflops"] / 1e6)
+    return {"backend": backend, "bs": shape.bs, "prefix": shape.prefix, "q_len": shape.q_len,
+            "heads": shape.heads, "nsplit": nsplit, "nsplit_auto": auto, "graph": graph,
+            "us": round(us, 2), "gbps": round(shape.nbytes() / us / 1e3, 1), "floor_us": round(floor, 3),
+            "roofline_frac": round(floor / us, 4), "speedup_vs_triton": None}
+
+
+def run_grid(shapes, backends=BACKENDS, nsplits=(), graph=True, progress=True, device="cuda") -> dict:
+    """Measure every (shape, backend); returns the results dict (see the module's docstring)."""
+    from tqdm.auto import tqdm
+
+    from . import backends as _backends
+    dev = torch.device(device)
+    timer = Timer(dev)
+    ceil = {"copy_gbps": copy_gbps(timer, dev), "mma_tflops": mma_tflops(timer, dev)}
+    rows, skipped = [], {}
+    why = {"cuda": _backends.unavailable("cuda"), "triton_sglang": _backends.unavailable("triton_sglang"),
+           "torch": None}
+    why["triton_decode"] = why["triton_sglang"]
+    bar = tqdm(shapes, disable=not progress, unit="shape")
+    for shape in bar:
+        bar.set_postfix_str(shape.label)
+        case = make_case(shape)
+        shape_rows = []
+        for b in backends:
+            if why.get(b):
+                skipped[b] = why[b]
+                continue
+            try:
+                if b == "cuda":
+                    from .backends import cuda
+                    x = cuda.to_device(case)
+                    fn, p = cuda_launcher(case, x)
+                    shape_rows.append(_row(b, shape, timer.us(fn), ceil, p.nsplit, auto=True))
+                    if graph:
+                        shape_rows.append(_row(b, shape, timer.us(graph_of(fn)), ceil, p.nsplit, True, True))
+                    for ns in nsplits:
+                        if ns > (shape.prefix + shape.q_len + 31) // 32 or ns == p.nsplit:
+                            continue
+                        fn2, p2 = cuda_launcher(case, x, nsplit=ns)
+                        shape_rows.append(_row(b, shape, timer.us(fn2), ceil, p2.nsplit))
+                    del x
+                elif b == "triton_sglang":
+                    shape_rows.append(_row(b, shape, timer.us(triton_extend_launcher(case)), ceil))
+                elif b == "triton_decode":
+                    shape_rows.append(_row(b, shape, timer.us(triton_decode_launcher(case)), ceil))
+                elif b == "torch":
+                    if shape.bs * shape.q_len * shape.heads * (shape.prefix + shape.q_len) > 4e9:
+                        skipped["torch"] = "eager scores above 4e9 elements are left out (minutes per call)"
+                        continue
+                    shape_rows.append(_row(b, shape, timer.us(torch_launcher(case), budget_s=2.0), ceil))
+            except Exception as e:  # one backend failing on one shape must not lose the run
+                skipped[f"{b} {shape.label}"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            torch.cuda.empty_cache()
+        tri = next((r["us"] for r in shape_rows if r["backend"] == "triton_sglang"), None)
+        for r in shape_rows:
+            r["speedup_vs_triton"] = round(tri / r["us"], 2) if tri else None
+        rows += shape_rows
+    return {"gpu": torch.cuda.get_device_name(dev), "sms": torch.cuda.get_device_properties(dev).multi_processor_count,
+            **{k: round(v, 1) for k, v in ceil.items()}, "driver": _driver(), "versions": _versions(),
+            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "rows": rows,
+            "skipped": skipped}
+
+
+def _driver() -> str:
+    try:
+        import subprocess
+        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=20).stdout.strip().splitlines()[0]
+    except Exception:
+        return "unknown"
+
+
+def _versions() -> dict:
+    from importlib import metadata
+
+    from . import __version__
+    out = {"kdkit": __version__, "torch": torch.__version__, "cuda": torch.version.cuda}
+    for dist in ("triton", "cupy-cuda13x", "cuda-bindings", "nvidia-cuda-nvrtc"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    try:
+        from . import sglang_source
+        out["sglang"] = sglang_source.locate().release
+    except Exception:
+        pass
+    return out
+
+
+def summary(res: dict) -> str:
+    """The table the README quotes: per shape, kdkit (auto, graph), best fixed NSPLIT, Triton."""
+    by = {}
+    for r in res["rows"]:
+        by.setdefault((r["bs"], r["prefix"], r["q_len"], r["heads"]), []).append(r)
+    lines = [f"{res['gpu']} ({res['sms']} SMs), copy {res['copy_gbps']} GB/s, mma.sync {res['mma_tflops']} TFLOP/s",
+             f"{'bs x prefix, q_len, H':>24s} {'floor':>8s} {'cuda auto':>16s} {'graph':>8s} {'best fixed':>14s} "
+             f"{'triton ext':>10s} {'triton dec':>10s} {'torch':>9s}"]
+    for (bs, pf, ql, h), rs in by.items():
+        def pick(pred):
+            return [r for r in rs if pred(r)]
+        auto = pick(lambda r: r["backend"] == "cuda" and r["nsplit_auto"] and not r["graph"])
+        g = pick(lambda r: r["backend"] == "cuda" and r["graph"])
+        fixed = sorted(pick(lambda r: r["backend"] == "cuda" and not r["graph"]), key=lambda r: r["us"])
+        one = {b: pick(lambda r, b=b: r["backend"] == b) for b in ("triton_sglang", "triton_decode", "torch")}
+        fmt = lambda x: f"{x[0]['us']:.1f}" if x else "-"  # noqa: E731
+        a = auto[0] if auto else None
+        lines.append(f"{f'{bs} x {pf}, {ql}, {h}':>24s} {rs[0]['floor_us']:8.2f} "
+                     + (f"{a['us']:8.1f} ({100 * a['roofline_frac']:4.1f}%)" if a else f"{'-':>16s}")
+                     + f" {fmt(g):>8s} "
+                     + (f"{fixed[0]['us']:8.1f} ({fixed[0]['nsplit']})" if fixed else f"{'-':>14s}")
+                     + f" {fmt(one['triton_sglang']):>10s} {fmt(one['triton_decode']):>10s} {fmt(one['torch']):>9s}")
+    for k, v in res.get("skipped", {}).items():
+        lines.append(f"skipped {k}: {v}")
+    return "\n".join(lines)
+
+
+def save(res: dict, out_dir: Path = RESULTS) -> Path:
+    from .files import publish
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    gpu = re.sub(r"[^\w.-]+", "-", res["gpu"]).strip("-").lower()
+    stamp = res["date"][:19].replace(":", "").replace("-", "")
+    path = out_dir / f"{gpu}-{stamp}.json"
+    publish(path, (json.dumps(res, indent=1) + "\n").encode())
+    return path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quick", action="store_true", help="the nine shapes of the README table (about two minutes)")
+    p.add_argument("--backends", default=",".join(BACKENDS), help=f"comma list of {', '.join(BACKENDS)}")
+    p.add_argument("--nsplit", default="1,2,4,8,16,32,64,128,256",
+                   help="fixed split counts to sweep for the cuda backend beside the automatic one ('' for none)")
+    p.add_argument("--shapes", default="", help="only shapes whose label contains this text, e.g. '1x32768'")
+    p.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph replay timing")
+    p.add_argument("--out", default=str(RESULTS), help="directory for the JSON result file")
+
+
+def main(args) -> int:
+    """Benchmark kdkit's kernel beside SGLang's Triton kernels and torch on this GPU; write a JSON."""
+    from .kernel import unavailable
+    why = unavailable()
+    if why:
+        print(f"kdkit bench: {why}")
+        return 1
+    wanted = [b.strip() for b in args.backends.split(",") if b.strip()]
+    bad = [b for b in wanted if b not in BACKENDS]
+    if bad:
+        print(f"kdkit bench: unknown backend(s) {', '.join(bad)}; choose from {', '.join(BACKENDS)}")
+        return 2
+    nsplits = [int(n) for n in args.nsplit.split(",") if n.strip()]
+    shapes = [s for s in grid(args.quick) if args.shapes in s.label]
+    res = run_grid(shapes, wanted, nsplits, graph=not args.no_graph)
+    path = save(res, Path(args.out))
+    print(summary(res))
+    print(f"wrote {path}")
+    return 0
