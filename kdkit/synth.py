@@ -106,9 +106,10 @@ def make_case(bs: int = 1, prefix: int | Sequence[int] = 21, q_len: int | Sequen
 
 
 def seed_shape(**kw) -> Case:
-    """The seed's failing call: bs 1, prefix 21, q_len 9, H 8, a tree (mask 9 x 30 = 270)."""
-    kw.setdefault("case_id", "seed-shape")
-    return make_case(bs=1, prefix=21, q_len=9, heads=8, tree="eagle", **kw)
+    """The seed's failing call: bs 1, prefix 21, q_len 9, H 8, a tree (mask 9 x 30 = 270); the shape
+    is "seed-shape" of kdkit/shapes.json's "bundled" set."""
+    from . import shapes
+    return shapes.make_case(shapes.find("bundled", "seed-shape"), **kw)
 
 
 def random_case(seed: int, work_budget: float = 4e6) -> Case:

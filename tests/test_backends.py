@@ -97,3 +97,19 @@ def test_replay_lints_once_and_keeps_lint_clean_backends_off_bad_cases(monkeypat
     calls.clear()
     rep = replay.replay(bad, ["kernel"], findings=findings)
     assert calls == [] and rep.lint == findings and rep.row("kernel").status == "error"
+
+
+def test_report_runs_the_oracle_once(monkeypatch, tmp_path, capsys):
+    """`kdkit report`: replay runs the float64 oracle once; the figure of the worst row computes
+    that one row (oracle.row_probs), not the whole oracle again."""
+    pytest.importorskip("plotly")
+    from kdkit import cli, oracle
+    calls = []
+    real = oracle.run
+    monkeypatch.setattr(oracle, "run", lambda case, **kw: calls.append(kw) or real(case, **kw))
+    case = synth.seed_shape()
+    path = case.save(tmp_path / "seed.pt")
+    out = tmp_path / "r.html"
+    assert cli.main(["report", str(path), "--backends", "oracle,torch", "--out", str(out)]) == 0
+    assert out.is_file() and "oracle probabilities" in out.read_text()
+    assert calls == [{}], f"oracle.run called {len(calls)} times: {calls}"
