@@ -8,7 +8,9 @@ named shapes, the benchmark grid (and its quick subset), the notebooks' defaults
     shapes.find("gpu-tests", "mutants") # one shape by name
 
 prefix and q_len are an int (every request) or a list (one per request). A set in the file lists
-shapes, or gives a grid (every combination of bs, prefix, q_len, heads) plus optional extra shapes.
+shapes, or gives a grid (every combination of bs, prefix, q_len, heads, less those over the set's
+limits: kv_rows = the batch's prefix rows, scores = q rows x heads x KV length) plus optional
+extra shapes.
 The file is checked when read: a wrong key or value raises ShapeError naming the set and the shape.
 """
 from __future__ import annotations
@@ -23,6 +25,7 @@ PATH = Path(__file__).with_name("shapes.json")
 REQUIRED = ("bs", "prefix", "q_len", "heads", "tree")
 OPTIONAL = ("name", "seed", "layout", "magnitude", "logit_cap")
 GRID_KEYS = ("bs", "prefix", "q_len", "heads")  # a grid's axes, expanded in this order
+LIMITS = ("kv_rows", "scores")                  # what a grid's "limits" may bound
 
 
 class ShapeError(ValueError):
@@ -63,7 +66,13 @@ def _expand(set_name: str, spec: dict, defaults: dict) -> list[dict]:
         if bad or not all(isinstance(grid.get(k), list) and grid[k] for k in GRID_KEYS):
             raise ShapeError(f"set {set_name!r}: a grid gives a non-empty list for each of {list(GRID_KEYS)}"
                              + (f"; unknown axes {bad}" if bad else ""))
-        rows += [dict(zip(GRID_KEYS, combo)) for combo in itertools.product(*(grid[k] for k in GRID_KEYS))]
+        limits = spec.get("limits", {})
+        if sorted(set(limits) - set(LIMITS)):
+            raise ShapeError(f"set {set_name!r}: unknown limits {sorted(set(limits) - set(LIMITS))}; "
+                             f"a grid may bound {list(LIMITS)}")
+        rows += [s for s in (dict(zip(GRID_KEYS, combo))
+                             for combo in itertools.product(*(grid[k] for k in GRID_KEYS)))
+                 if all(size(s)[k] <= v for k, v in limits.items())]
     rows += list(spec.get("shapes", []))
     if not rows:
         raise ShapeError(f"set {set_name!r}: neither a grid nor shapes")
@@ -113,6 +122,14 @@ def find(set_name: str, shape_name: str, path: str | Path = PATH) -> dict:
                    f"choose from {', '.join(s['name'] for s in get(set_name, path))}")
 
 
+def size(shape: dict) -> dict:
+    """kv_rows: the batch's prefix rows; scores: q rows x heads x KV length, over the batch."""
+    per = lambda v: v if isinstance(v, list) else [v] * shape["bs"]  # noqa: E731
+    prefix, q_len = per(shape["prefix"]), per(shape["q_len"])
+    return {"kv_rows": sum(prefix),
+            "scores": sum(q * shape.get("heads", 1) * (p + q) for p, q in zip(prefix, q_len))}
+
+
 def _short(n) -> str:
     if isinstance(n, list):
         return "[" + ",".join(_short(x) for x in n) + "]"
@@ -135,4 +152,4 @@ def make_case(shape: dict, **overrides):
     return synth.make_case(**kw)
 
 
-__all__ = ["PATH", "ShapeError", "names", "get", "find", "label", "make_case"]
+__all__ = ["PATH", "ShapeError", "names", "get", "find", "label", "size", "make_case"]

@@ -24,11 +24,16 @@ def test_every_set_reads_with_the_promised_keys():
 def test_bench_grid_is_issue_9s():
     bench = shapes.get("bench")
     grid = {(s["bs"], s["prefix"], s["q_len"], s["heads"]) for s in bench}
+    left_out = 0
     for bs in (1, 8, 32):
         for prefix in (21, 1024, 8192, 32768, 131072):
             for q_len in (9, 64, 257):
                 for heads in (8, 16):
-                    assert (bs, prefix, q_len, heads) in grid
+                    s = dict(bs=bs, prefix=prefix, q_len=q_len, heads=heads)
+                    fits = shapes.size(s)["kv_rows"] <= 262144 and shapes.size(s)["scores"] <= 2.5e9
+                    assert ((bs, prefix, q_len, heads) in grid) == fits, s
+                    left_out += not fits
+    assert 0 < left_out < 45  # only the corners too big for one GPU command
     # the target shapes the grid lacks are there too, and --quick is a subset of the whole
     assert {(32, 4096, 9, 8), (4, 8192, 257, 8)} <= grid
     quick = shapes.get("bench-quick")
