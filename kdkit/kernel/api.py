@@ -168,14 +168,23 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
                 [o_part, lse_part, m])
 
 
+_STREAMS: dict = {}
+
+
 def _torch_stream():
-    """CuPy's view of torch's current stream (launches must join torch's stream order)."""
-    import cupy
+    """CuPy's view of torch's current stream (launches must join torch's stream order); cached,
+    since run() is on the per-layer hot path."""
     ts = torch.cuda.current_stream()
-    try:
-        return cupy.cuda.Stream.from_external(ts)  # CuPy >= 14: the CUDA stream protocol
-    except (AttributeError, TypeError):
-        return cupy.cuda.ExternalStream(ts.cuda_stream)
+    key = (ts.device_index, ts.cuda_stream)
+    cs = _STREAMS.get(key)
+    if cs is None:
+        import cupy
+        try:
+            cs = cupy.cuda.Stream.from_external(ts)  # CuPy >= 14: the CUDA stream protocol
+        except (AttributeError, TypeError):
+            cs = cupy.cuda.ExternalStream(ts.cuda_stream)
+        _STREAMS[key] = cs
+    return cs
 
 
 def run(p: Plan, q, k, v, kv_buffer, out=None, lse=None):
@@ -185,11 +194,10 @@ def run(p: Plan, q, k, v, kv_buffer, out=None, lse=None):
     out = p.out if out is None else out
     lse = p.lse if lse is None else lse
     a = p._args.copy()
-    a["q"], a["k"], a["v"], a["kv_buf"] = _ptr(q), _ptr(k), _ptr(v), _ptr(kv_buffer)
-    a["out"], a["lse"] = _ptr(out), _ptr(lse)
-    a["q_stride_tok"], a["q_stride_head"] = q.stride(0), q.stride(1)
-    a["k_stride_tok"], a["v_stride_tok"], a["kv_stride_row"] = k.stride(0), v.stride(0), kv_buffer.stride(0)
-    a["out_stride_tok"], a["out_stride_head"] = out.stride(0), out.stride(1)
+    # params.PER_LAYER: the struct's first 13 slots, 8 bytes each
+    a.view(np.int64)[:13] = (q.data_ptr(), k.data_ptr(), v.data_ptr(), kv_buffer.data_ptr(), out.data_ptr(),
+                             lse.data_ptr(), q.stride(0), q.stride(1), k.stride(0), v.stride(0),
+                             kv_buffer.stride(0), out.stride(0), out.stride(1))
     if p.num_tokens == 0:
         return out, lse
     with _torch_stream():

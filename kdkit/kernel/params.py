@@ -19,6 +19,13 @@ FIELDS: tuple[tuple[str, str, str], ...] = (
     ("kv_buf", "const void*", "[N, 1, 576] bf16 pool, latent first"),
     ("out", "void*", "[T, H, 512] bf16"),
     ("lse", "float*", "[T, H] natural-log LSE, or null"),
+    ("q_stride_tok", "long long", "elements"),
+    ("q_stride_head", "long long", "elements"),
+    ("k_stride_tok", "long long", "elements"),
+    ("v_stride_tok", "long long", "elements"),
+    ("kv_stride_row", "long long", "elements"),
+    ("out_stride_tok", "long long", "elements"),
+    ("out_stride_head", "long long", "elements"),
     # batch metadata: bound by plan()
     ("qo_indptr", "const void*", "[bs+1] KD_QO_T"),
     ("kv_indptr", "const void*", "[bs+1] KD_KVP_T"),
@@ -28,13 +35,6 @@ FIELDS: tuple[tuple[str, str, str], ...] = (
     ("mask_indptr", "const void*", "[bs+1] KD_MIP_T start offsets, or null"),
     ("o_part", "float*", "[nsplit, T*H, 512] fp32 split partials (nsplit > 1)"),
     ("lse_part", "float*", "[nsplit, T*H] fp32"),
-    ("q_stride_tok", "long long", "elements"),
-    ("q_stride_head", "long long", "elements"),
-    ("k_stride_tok", "long long", "elements"),
-    ("v_stride_tok", "long long", "elements"),
-    ("kv_stride_row", "long long", "elements"),
-    ("out_stride_tok", "long long", "elements"),
-    ("out_stride_head", "long long", "elements"),
     ("num_heads", "int", "H"),
     ("nsplit", "int", "KV splits per request"),
     ("rows_per_cta", "int", "(token, head) rows of one request per block, <= 8 * KD_NT"),
@@ -44,9 +44,11 @@ FIELDS: tuple[tuple[str, str, str], ...] = (
     ("sm_scale", "float", "softmax scale"),
     ("logit_cap", "float", "0: no cap; else cap * tanh(x / cap)"),
 )
-# what run() rebinds for every layer; the rest is fixed by plan()
+# what run() rebinds for every layer, in this order at the struct's start (one 8-byte slot each, so
+# run() writes them with one assignment); the rest is fixed by plan()
 PER_LAYER = ("q", "k", "v", "kv_buf", "out", "lse", "q_stride_tok", "q_stride_head", "k_stride_tok",
              "v_stride_tok", "kv_stride_row", "out_stride_tok", "out_stride_head")
+assert tuple(f[0] for f in FIELDS[:len(PER_LAYER)]) == PER_LAYER
 _NP = {"long long": np.int64, "int": np.int32, "float": np.float32}
 
 

@@ -65,6 +65,7 @@ using bf16 = __nv_bfloat16;
 #define KD_VMT (KD_VDIMS_WARP / 16)     // output m-tiles per warp (4)
 #define KD_SPITCH 36                    // score tile pitch (fp32): word 8t+g, no bank conflict
 #define KD_PPITCH (KD_BN + 8)           // P tile pitch (bf16): 80-byte rows, ldmatrix conflict-free
+#define KD_MAX_SLACK 8.f                // a column's max moves when a score passes it by this (log2)
 
 // dynamic shared memory, bytes: KV ring | partial scores | P | rescale per column
 #define KD_STAGE_BYTES (KD_BN * KD_ROW_BYTES)
@@ -187,7 +188,8 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     }
   }
 
-  float m_run[KD_NT], l_run[KD_NT];  // softmax state of columns warp + 8j (log2 units)
+  float m_run[KD_NT], l_run[KD_NT];  // softmax state of columns warp + 8j: max (log2 units, the
+                                     // warp's), this lane's share of the sum
   float o[KD_VMT][KD_NT][4];         // O^T fragments: dims 64*warp + 16*mt + (g, g+8), cols 8nt + 2t (+1)
 #pragma unroll
   for (int j = 0; j < KD_NT; ++j) { m_run[j] = -KD_INF; l_run[j] = 0.f; }
@@ -256,11 +258,14 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
       }
     }
 
-    // ---- online softmax: column q = warp + 8j, lane = KV row of this step. The columns' warp
-    // reductions are interleaved (no branch between them) so their shuffle latencies overlap.
+    // ---- online softmax: column q = warp + 8j, lane = KV row of this step. Each lane keeps its
+    // own share of the column's sum (reduced once, at the end), and the column's max moves only
+    // when a score passes it by more than KD_MAX_SLACK (log2 units): until then p <= 2^KD_MAX_SLACK
+    // (fine in fp32 and bf16) and the rescale is 1, so a step costs one vote per column, not two
+    // five-level shuffle reductions and a rescale of O.
     {
       const int pos = start + lane;
-      float x[KD_NT], mx[KD_NT], pj[KD_NT], ps[KD_NT];
+      const bool in_kv = pos < kv_end, in_draft = pos >= prefix;
 #pragma unroll
       for (int j = 0; j < KD_NT; ++j) {
         const int q = warp + 8 * j;
@@ -268,8 +273,8 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
         float s = (sc[0] + sc[KD_NQ * KD_SPITCH]) + (sc[2 * KD_NQ * KD_SPITCH] + sc[3 * KD_NQ * KD_SPITCH]);
         s *= scale;
         if (cap > 0.f) s = cap * tanhf(s / cap);
-        bool visible = q < nrows && pos < kv_end;  // idle columns see nothing: p = 0
-        if (visible && pos >= prefix) {
+        bool visible = q < nrows && in_kv;  // idle columns see nothing: p = 0
+        if (visible && in_draft) {
           const int i = (row0 + q) / H, jc = pos - prefix;
           if (mask)
             visible = mask[mask_base + static_cast<kd_i64>(KD_MUT_MASK_ROW(i, n)) * mask_pitch + prefix +
@@ -277,48 +282,39 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
           else
             visible = !p.causal || jc <= i;
         }
-        x[j] = visible ? s * KD_LOG2E : -KD_INF;
-        mx[j] = x[j];
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-        for (int j = 0; j < KD_NT; ++j) mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], o));
-      float alpha[KD_NT];
-#pragma unroll
-      for (int j = 0; j < KD_NT; ++j) {
-        const float m_new = fmaxf(m_run[j], mx[j]);
-        // a column with nothing visible yet keeps m = -inf: its p is 0 and its rescale 1
-        pj[j] = m_new == -KD_INF ? 0.f : exp2f(x[j] - m_new);
-        alpha[j] = m_new == -KD_INF ? 1.f : exp2f(m_run[j] - m_new);
-        m_run[j] = m_new;
-        ps[j] = pj[j];
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-        for (int j = 0; j < KD_NT; ++j) ps[j] += __shfl_xor_sync(0xffffffffu, ps[j], o);
-#pragma unroll
-      for (int j = 0; j < KD_NT; ++j) {
-        const int q = warp + 8 * j;
-        l_run[j] = l_run[j] * alpha[j] + ps[j];
-        sP[q * KD_PPITCH + lane] = __float2bfloat16(pj[j]);
-        if (lane == 0) sAlpha[q] = alpha[j];
+        const float x = visible ? s * KD_LOG2E : -KD_INF;
+        float alpha = 1.f;
+        if (__any_sync(0xffffffffu, x > m_run[j] + KD_MAX_SLACK)) {  // warp-uniform, rare after the start
+          const float m_new = fmaxf(m_run[j], kd::warp_max(x));
+          alpha = m_run[j] == -KD_INF ? 1.f : kd::fast_exp2(m_run[j] - m_new);
+          l_run[j] *= alpha;
+          m_run[j] = m_new;
+        }
+        const float pj = m_run[j] == -KD_INF ? 0.f : kd::fast_exp2(x - m_run[j]);
+        l_run[j] += pj;  // this lane's share
+        sP[q * KD_PPITCH + lane] = __float2bfloat16(pj);
+        if (lane == 0) sAlpha[q] = alpha;
       }
     }
     __syncthreads();
 
     // ---- PV: O^T[64 dims of this warp x NQ] = alpha * O^T + V^T P^T ----------------------------
     {
+      float2 al[KD_NT];
+      bool moved = false;
 #pragma unroll
       for (int nt = 0; nt < KD_NT; ++nt) {
-        if (nt * 8 >= nrows) continue;
-        const float2 al = *reinterpret_cast<const float2*>(sAlpha + nt * 8 + 2 * t);
+        al[nt] = *reinterpret_cast<const float2*>(sAlpha + nt * 8 + 2 * t);
+        moved |= al[nt].x != 1.f || al[nt].y != 1.f;
+      }
+      if (__any_sync(0xffffffffu, moved)) {
 #pragma unroll
-        for (int mt = 0; mt < KD_VMT; ++mt) {
-          o[mt][nt][0] *= al.x; o[mt][nt][1] *= al.y;
-          o[mt][nt][2] *= al.x; o[mt][nt][3] *= al.y;
-        }
+        for (int nt = 0; nt < KD_NT; ++nt)
+#pragma unroll
+          for (int mt = 0; mt < KD_VMT; ++mt) {
+            o[mt][nt][0] *= al[nt].x; o[mt][nt][1] *= al[nt].y;
+            o[mt][nt][2] *= al[nt].x; o[mt][nt][3] *= al[nt].y;
+          }
       }
       // P^T as B fragments: rows 8nt.. of P, KV 0..31 -> {ks0: r0, r1; ks1: r2, r3}
       kd_u32 pb[KD_NT][4];
@@ -346,6 +342,8 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   // ---- epilogue: each column's max and sum to shared memory (over the score tile), then write ----
   float* sM = sS;
   float* sL = sS + KD_NQ;
+#pragma unroll
+  for (int j = 0; j < KD_NT; ++j) l_run[j] = kd::warp_sum(l_run[j]);
   if (lane == 0) {
 #pragma unroll
     for (int j = 0; j < KD_NT; ++j) {
