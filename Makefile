@@ -10,37 +10,54 @@ PYTEST_ARGS ?=
 ifeq ($(strip $(VENV)),)
 PY := python3
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
-STAMP :=
+DEMO_STAMP :=
+TEST_STAMP :=
 else
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.kdkit-installed
+DEMO_STAMP := $(VENV)/.kdkit-demo
+TEST_STAMP := $(VENV)/.kdkit-test
 endif
-KDKIT := $(if $(STAMP),$(VENV)/bin/kdkit,$(PY) -m kdkit.cli)
+KDKIT := $(if $(DEMO_STAMP),$(VENV)/bin/kdkit,$(PY) -m kdkit.cli)
+say = @echo "kdkit: $(1)"
+comma := ,
 
 .PHONY: demo test bundled clean
 
-demo: $(STAMP)
-	mkdir -p reports
-	$(KDKIT) replay data/captured_tensors/seed-shape.pt --backends all --report reports/demo.html
+# one report, replaced on each run; backends that cannot run here are skipped with their reason
+demo: $(DEMO_STAMP)
+	$(KDKIT) replay data/captured_tensors/seed-shape.pt --backends all --allow-skip --report reports/demo.html --force
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(PY) -m pytest tests -q --durations=15 $(PYTEST_ARGS)
 
 # rebuilds data/captured_tensors; refuses to overwrite unless FORCE=1
-bundled: $(STAMP)
+bundled: $(DEMO_STAMP)
 	$(PY) -m kdkit.bundled $(if $(FORCE),--force)
 
-# Set-up, re-run when pyproject.toml changes. torch first: `torch==2.13.0` takes the CPU build kept
-# on local disk, so the extras below resolve against it instead of pulling a CUDA build.
-ifneq ($(STAMP),)
-$(STAMP): pyproject.toml Makefile
+# Set-up, redone when pyproject.toml or this file changes. torch first: `torch==2.13.0` takes the
+# CPU build kept on local disk, so the extras below resolve against it instead of pulling a CUDA
+# build. The demo gets what it runs (reports, Triton, SGLang's kernel source); the tests add the
+# dev extra and the wheels that only the loader tests read.
+ifneq ($(DEMO_STAMP),)
+$(DEMO_STAMP): pyproject.toml Makefile
+	$(call say,[1/4] creating $(VENV))
 	test -x $(VENV)/bin/python || python3 -m venv $(VENV)
+	$(call say,[2/4] installing torch 2.13.0)
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]'
+	$(call say,[3/4] installing kdkit with its reports and triton extras (a minute or two on a cold cache))
+	$(PY) -m pip install -q -e '.[reports,triton]'
+	$(call say,[4/4] installing SGLang's kernel source ($(or $(SGLANG),skipped: SGLANG=)) and$(comma) with a GPU$(comma) the gpu extra)
 	if [ -n "$(SGLANG)" ]; then $(PY) -m pip install -q --no-deps '$(SGLANG)'; fi
-	# wheels of other releases, only read by the loader tests (both module layouts: <=0.5.15, >=0.5.16)
+	if nvidia-smi -L >/dev/null 2>&1; then $(PY) -m pip install -q -e '.[reports,triton,gpu]'; fi
+	touch $@
+
+# SGLANG_LAYOUTS covers both module layouts (<=0.5.15, >=0.5.16); a release that cannot be
+# fetched skips its loader tests
+$(TEST_STAMP): $(DEMO_STAMP)
+	$(call say,[1/2] installing the dev extra (pytest$(comma) JupyterLab$(comma) papermill$(comma) NVRTC))
+	$(PY) -m pip install -q -e '.[dev]'
+	$(call say,[2/2] downloading SGLang $(SGLANG_LAYOUTS) wheels for the loader tests into .cache/wheels)
 	for v in $(SGLANG_LAYOUTS); do $(PY) -m pip download -q --no-deps -d .cache/wheels "sglang==$$v" || true; done
-	if nvidia-smi -L >/dev/null 2>&1; then $(PY) -m pip install -q -e '.[dev,gpu]'; fi
 	touch $@
 endif
 

@@ -1,39 +1,72 @@
 """The `kdkit` command line.
 
 Every subcommand is one entry (name, add_arguments, handler) in COMMANDS: add_arguments(parser)
-declares its options, handler(args) -> exit code does the work; the handler's docstring is its
-help. To add a subcommand, write the two functions and append the entry.
+declares its options, handler(args) -> exit code does the work; the first paragraph of the
+handler's docstring is its one-line help. To add a subcommand, write the two functions and append
+the entry.
 
-Exit codes: 0 all good; 1 the check found a problem (lint errors, a backend that failed or
-errored, a case the reference could not replay, an existing output left alone); 2 an input that
-cannot be used (a file that is not a case, is corrupt or hostile; a bad argument).
+Exit codes, the same for every subcommand:
+  0  all the requested work ran and passed
+  1  a verdict failed (a backend failed or errored, lint errors, a build that breaches sm_120's
+     limits), or something requested did not run here: a skipped backend (unless --allow-skip),
+     a reference that cannot run, an output left alone because it exists
+  2  bad input: a bad argument, a path that is not there, a file that is not a case (corrupt,
+     hostile). Said in one line, before any work is done or any file written.
+
+Start-up: only the subcommand that runs is given its options, and each imports what it needs when
+it runs, so `kdkit --help` and a mistyped argument import neither torch nor plotly.
 """
 from __future__ import annotations
 
 import argparse
-import re
+import math
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .case import CaseError
-
 EXIT_OK, EXIT_PROBLEM, EXIT_BAD_INPUT = 0, 1, 2
+
+
+class BadInput(Exception):
+    """An argument or input file that cannot be used: main() prints it as one line, exit 2."""
 
 
 def _err(msg: str) -> None:
     print(f"kdkit: {msg}", file=sys.stderr)
 
 
-def _load(path):
-    """The case at `path`, or None after saying (one line, no traceback) why it cannot be used."""
-    from .case import load
-    try:
-        return load(path)
-    except (CaseError, FileNotFoundError, IsADirectoryError, PermissionError) as e:
-        _err(f"cannot load case: {e}")
-    return None
+# ---- argument types: each refuses a bad value at parse time, naming it -------------------------
+def _number(kind, lo=None, hi=None, lo_open=False):
+    """An argparse type: `kind` (int or float), finite, within [lo, hi] ((lo, hi] if lo_open)."""
+    def parse(text: str):
+        try:
+            val = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}")
+        if isinstance(val, float) and not math.isfinite(val):
+            raise argparse.ArgumentTypeError(f"{text!r}: want a finite number")
+        if lo is not None and (val <= lo if lo_open else val < lo):
+            raise argparse.ArgumentTypeError(f"{text}: want {'>' if lo_open else '>='} {lo}")
+        if hi is not None and val > hi:
+            raise argparse.ArgumentTypeError(f"{text}: want <= {hi}")
+        return val
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
+def _int_list(lo: int):
+    """An argparse type: one integer >= lo, or a comma list of them (one per request)."""
+    one = _number(int, lo)
+
+    def parse(text: str) -> list[int]:
+        vals = [one(x.strip()) for x in str(text).split(",") if x.strip()]
+        if not vals:
+            raise argparse.ArgumentTypeError(f"{text!r}: want an integer or a comma list like 21,300,8192")
+        return vals
+    parse.__name__ = "integer list"
+    return parse
 
 
 def _backend_names(spec: str) -> list[str]:
@@ -45,68 +78,172 @@ def _backend_names(spec: str) -> list[str]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _int_list(text: str) -> list[int]:
+# ---- input files --------------------------------------------------------------------------------
+def case_files(paths) -> list[Path]:
+    """The case files named by `paths`: files as given, directories as the .pt files under them
+    (sorted). BadInput for a path that is not there or a directory that holds no case file."""
+    files = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(f for f in p.rglob("*.pt") if f.is_file())
+            if not found:
+                raise BadInput(f"{p}: a directory with no case files (*.pt) in it")
+            files += found
+        elif p.exists():
+            files.append(p)
+        else:
+            raise BadInput(f"{p}: no such file or directory")
+    return list(dict.fromkeys(files))
+
+
+def _read(path):
+    """(case, None), or (None, why) in one line for a file that cannot be used as a case."""
+    from .case import CaseError, load
     try:
-        vals = [int(x) for x in str(text).split(",") if x.strip() != ""]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: want an integer or a comma list like 21,300,8192")
-    if not vals or min(vals) < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: want non-negative integers")
-    return vals
+        return load(path), None
+    except (CaseError, OSError) as e:
+        return None, f"cannot load case: {e}"
+
+
+def _load(path):
+    """The case at `path`, or None after saying (one line, no traceback) why it cannot be used."""
+    case, why = _read(path)
+    if why:
+        _err(why)
+    return case
+
+
+def _check_out(path: Path, kinds: dict) -> None:
+    """An output path is usable: a known suffix, and a directory that exists or can be made."""
+    if path.suffix.lower() not in kinds:
+        raise BadInput(f"{path}: the suffix must be one of {', '.join(sorted(kinds))}")
+    if path.is_dir():
+        raise BadInput(f"{path}: is a directory; give a file name")
+    parent = next(p for p in [path.parent, *path.parent.parents] if p.exists())
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise BadInput(f"{path}: cannot write under {parent}")
+
+
+# ---- progress --------------------------------------------------------------------------------------
+class _Progress:
+    """A tqdm bar on stderr over the steps of a long command (one per backend per case), shown only
+    on a terminal. A thread redraws it every second so that the elapsed time moves while one slow
+    step (SGLang's Triton under the CPU interpreter: tens of seconds) runs."""
+
+    def __init__(self, total: int, what: str):
+        import threading
+        from tqdm import tqdm
+        self.bar = tqdm(total=total, desc=what, unit="step", file=sys.stderr, leave=False,
+                        disable=None, dynamic_ncols=True)
+        self._stop = threading.Event()
+        if not self.bar.disable:
+            threading.Thread(target=self._tick, daemon=True).start()
+
+    def _tick(self):
+        while not self._stop.wait(1.0):
+            self.bar.refresh()
+
+    def step(self, what: str) -> None:
+        self.bar.set_description_str(what)
+
+    def done(self, n: int = 1) -> None:
+        self.bar.update(n)
+
+    def print(self, text: str) -> None:
+        """Print to stdout without tearing the bar."""
+        with self.bar.external_write_mode():
+            print(text, flush=True)
+
+    def close(self):
+        self._stop.set()
+        self.bar.close()
 
 
 # ---- inspect -----------------------------------------------------------------------------------
 def add_inspect(p: argparse.ArgumentParser) -> None:
-    p.add_argument("case", help="a case file (.pt)")
+    p.add_argument("cases", nargs="+", metavar="CASE", help="case files (.pt) and directories of them")
 
 
 def cmd_inspect(args) -> int:
-    """Show what a case file holds, then lint it (exit 1 on lint errors, 2 if it cannot be loaded)."""
+    """Show what case files hold and lint them.
+
+    Exit 1 if the lint finds errors, 2 if a file cannot be loaded as a case."""
     from . import lint, report
-    case = _load(args.case)
-    if case is None:
-        return EXIT_BAD_INPUT
-    print(report.describe_case(case, args.case))
-    findings = lint.check(case)
-    print()
-    print(lint.format_findings(findings))
-    return EXIT_PROBLEM if any(f.severity == "error" for f in findings) else EXIT_OK
+    rc = EXIT_OK
+    for i, path in enumerate(case_files(args.cases)):
+        if i:
+            print()
+        case = _load(path)
+        if case is None:
+            rc = EXIT_BAD_INPUT
+            continue
+        print(report.describe_case(case, path))
+        findings = lint.check(case)
+        print()
+        print(lint.format_findings(findings))
+        if any(f.severity == "error" for f in findings):
+            rc = max(rc, EXIT_PROBLEM)
+    return rc
 
 
 # ---- replay / report ---------------------------------------------------------------------------
 def _add_replay_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("cases", nargs="+", metavar="CASE", help="case files (.pt)")
-    p.add_argument("--backends", default="oracle,torch",
-                   help="comma list of backends, or 'all' (unavailable ones are skipped with the reason); "
-                        "default: oracle,torch")
-    p.add_argument("--against", default="oracle", help="the reference every backend is compared with (default: oracle)")
+    p.add_argument("cases", nargs="+", metavar="CASE", help="case files (.pt) and directories of them")
+    from .backends import BACKENDS
+    p.add_argument("--backends", type=_backend_names, default="oracle,torch",
+                   help=f"comma list of {', '.join(BACKENDS)}; or 'all'")
+    p.add_argument("--against", default="oracle", choices=list(BACKENDS),
+                   help="the backend every backend is compared with")
+    p.add_argument("--allow-skip", action="store_true",
+                   help="exit 0 when a requested backend cannot run here and is skipped (by default a "
+                        "skip exits 1: it was not tested)")
     p.add_argument("--force", action="store_true",
-                   help="overwrite an existing report (default: write NAME-YYYYmmdd-HHMMSS.html beside it)")
+                   help="overwrite an existing report instead of writing NAME-YYYYmmdd-HHMMSS.html beside it")
 
 
 def add_replay(p: argparse.ArgumentParser) -> None:
     _add_replay_common(p)
-    p.add_argument("--report", metavar="PATH", help="also write a report (.html or .md)")
+    p.add_argument("--report", metavar="PATH", type=Path,
+                   help="also write a report, .html or .md (default: none)")
 
 
-def print_replay(rep) -> None:
+def print_replay(rep, out=print) -> None:
     """What a replay prints: the table (it opens with the case summary), the lint one-liner, the
     seed-style lines, and each skipped or failed backend with its one-line reason."""
     from . import report
     table = rep.table()
-    print(table)
+    lines = [table]
     findings = list(rep.lint or [])
     lint_err = getattr(rep, "lint_error", None)
     # the table may carry a lint line of its own; errors are named here in any case
     if "lint:" not in table or any(f.severity == "error" for f in findings):
-        print(f"lint: {lint_err}" if lint_err else report.lint_line(findings))
-    for line in report.ran(rep):
-        print(f"ran {line}")
-    for line in rep.seed_lines():
-        print(line)
-    for row in report.rows_of(rep):
-        if row.status in ("skipped", "error") and row.reason and row.reason not in table:
-            print(f"{row.status} {row.backend}: {row.reason}")
+        lines.append(f"lint: {lint_err}" if lint_err else report.lint_line(findings))
+    lines += [f"ran {line}" for line in report.ran(rep)]
+    lines += rep.seed_lines()
+    lines += [f"{row.status} {row.backend}: {row.reason}" for row in report.rows_of(rep)
+              if row.status in ("skipped", "error") and row.reason and row.reason not in table]
+    out("\n".join(lines))
+
+
+def _verdict(rep, allow_skip: bool) -> tuple[int, str]:
+    """(exit code, why) for one replayed case: 1 if a backend failed or errored, the lint found
+    errors, nothing requested ran, or a backend was skipped and skips are not allowed."""
+    from . import report
+    rows = report.rows_of(rep)
+    ran = [r for r in rows if r.status in ("pass", "fail", "error")]
+    skipped = [r.backend for r in rows if r.status == "skipped"]
+    bad = [r.backend for r in report.failed(rep)]
+    lint_errors = sorted({f.code for f in (rep.lint or []) if f.severity == "error"})
+    why = []
+    if bad:
+        why.append(f"{', '.join(bad)} failed")
+    if lint_errors:
+        why.append(f"lint errors ({', '.join(lint_errors)})")
+    if not ran:
+        why.append(f"nothing requested ran ({', '.join(skipped)} skipped)")
+    elif skipped and not allow_skip:
+        why.append(f"{', '.join(skipped)} skipped, so not tested (--allow-skip accepts that)")
+    return (EXIT_PROBLEM if why else EXIT_OK), "; ".join(why)
 
 
 @dataclass
@@ -119,70 +256,98 @@ class _Replayed:
     rc: int = EXIT_OK
 
 
-def _replay_all(args) -> _Replayed:
-    from . import lint, replay, report
-    from .backends import BackendUnavailable
+def _usable_cases(paths) -> list[Path]:
+    """The case files named by `paths`, each loaded once: BadInput before any work if one is not a case."""
+    files = case_files(paths)
+    bad = [why for why in (_read(f)[1] for f in files) if why]
+    if len(bad) == 1:
+        raise BadInput(bad[0] + ("; nothing was run" if len(files) > 1 else ""))
+    if bad:
+        for why in bad:
+            _err(why)
+        raise BadInput(f"{len(bad)} of {len(files)} files cannot be used as cases; nothing was run")
+    return files
+
+
+def _replay_all(args, files: list[Path]) -> _Replayed:
+    """Replay case after case (the inputs are checked already), printing each as it is done."""
+    from . import backends, lint, replay, report
+    if args.against != "oracle":
+        why = backends.unavailable(args.against)
+        if why:  # nothing can be judged: say so before any work
+            _err(f"--against {args.against} cannot run here: {why}")
+            return _Replayed(rc=EXIT_PROBLEM)
+    names = args.backends
+    steps = len(dict.fromkeys(["oracle", *names, args.against]))  # replay runs the oracle once
     done = _Replayed()
+    bar = _Progress(len(files) * steps, "replay")
     try:
-        names = _backend_names(args.backends)
-    except argparse.ArgumentTypeError as e:
-        _err(f"--backends: {e}")
-        done.rc = EXIT_BAD_INPUT
-        return done
-    for i, path in enumerate(args.cases):
-        if i:
-            print()
-        case = _load(path)
-        if case is None:
-            done.stopped.append((str(path), "cannot be loaded (see `kdkit inspect`)"))
-            done.rc = EXIT_BAD_INPUT
-            continue
-        try:
-            rep = replay.replay(case, names, against=args.against)
-        except (KeyError, BackendUnavailable) as e:  # e.g. --against a backend that cannot run here
-            _err(f"{path}: {str(e).strip(chr(39))}")
-            done.stopped.append((str(path), str(e)))
-            done.rc = EXIT_BAD_INPUT
-            continue
-        except Exception as e:  # the reference itself cannot run this case: say why, name the bug
-            why = f"replay stopped: {type(e).__name__}: {e}"
-            print(f"== {case.summary()}")
-            lint_errors = report.lint_line(lint.errors(case))
-            print(lint_errors)
-            _err(f"{path}: {why}")
-            done.stopped.append((str(path), f"{why} ({lint_errors})"))
-            done.rc = max(done.rc, EXIT_PROBLEM)
-            continue
-        print_replay(rep)
-        done.reports.append(rep)
-        done.sources.append(str(path))
-        done.cases.append(case)
-        # a failing backend, or lint errors (the numbers of a mis-marshaled case mean nothing)
-        if report.failed(rep) or any(f.severity == "error" for f in (rep.lint or [])):
-            done.rc = max(done.rc, EXIT_PROBLEM)
+        for i, path in enumerate(files):
+            if i:
+                bar.print("")
+            case = _load(path)
+            label = f"{case.label} ({i + 1}/{len(files)})" if len(files) > 1 else case.label
+            started = []
+
+            def on_backend(name):  # replay calls it as each backend starts
+                if started:
+                    bar.done()
+                started.append(name)
+                bar.step(f"{label}: {name}")
+            try:
+                rep = replay.replay(case, names, against=args.against, progress=on_backend)
+            except backends.BackendUnavailable as e:  # --against cannot run this case
+                _err(f"{path}: {e}")
+                done.stopped.append((str(path), str(e)))
+                done.rc = max(done.rc, EXIT_PROBLEM)
+                continue
+            except Exception as e:  # the reference itself cannot run this case: say why, name the bug
+                why = f"replay stopped: {type(e).__name__}: {e}"
+                lint_errors = report.lint_line(lint.errors(case))
+                bar.print(f"== {case.summary()}\n{lint_errors}")
+                _err(f"{path}: {why}")
+                done.stopped.append((str(path), f"{why} ({lint_errors})"))
+                done.rc = max(done.rc, EXIT_PROBLEM)
+                continue
+            finally:
+                bar.done(steps * (i + 1) - bar.bar.n)
+            print_replay(rep, bar.print)
+            rc, why = _verdict(rep, args.allow_skip)
+            if rc:
+                _err(f"{path}: {why}")
+            done.rc = max(done.rc, rc)
+            done.reports.append(rep)
+            done.sources.append(str(path))
+            done.cases.append(case)
+    finally:
+        bar.close()
     return done
 
 
-def _write(done: _Replayed, out, force) -> int:
+def _write(done: _Replayed, out: Path, force: bool) -> int:
     from . import report
     if not done.reports and not done.stopped:
         _err("nothing was replayed: no report written")
-        return EXIT_BAD_INPUT
+        return EXIT_PROBLEM
     try:
         written = report.write_report(done.reports, out, force=force, sources=done.sources,
                                       cases=done.cases, stopped=done.stopped)
-    except (ValueError, OSError) as e:
-        _err(f"report not written: {e}")
-        return EXIT_BAD_INPUT
+    except OSError as e:
+        raise BadInput(f"report not written: {e}")
     note = "" if Path(written) == Path(out) else f" ({out} exists; --force replaces it)"
     print(f"report: {written}{note}")
     return EXIT_OK
 
 
 def cmd_replay(args) -> int:
-    """Replay case files through backends and compare each with --against (exit 1 if one fails
-    or the lint finds errors)."""
-    done = _replay_all(args)
+    """Replay case files through backends and compare each with --against.
+
+    Exit 1 if a backend fails or errors, the lint finds errors, or a requested backend was skipped
+    (unless --allow-skip)."""
+    from .report import FORMATS
+    if args.report:
+        _check_out(args.report, FORMATS)
+    done = _replay_all(args, _usable_cases(args.cases))
     if args.report:
         return max(done.rc, _write(done, args.report, args.force))
     return done.rc
@@ -190,34 +355,46 @@ def cmd_replay(args) -> int:
 
 def add_report(p: argparse.ArgumentParser) -> None:
     _add_replay_common(p)
-    p.add_argument("--out", metavar="PATH",
-                   help="report file, .html or .md (default: reports/<first case id>.html)")
+    p.add_argument("--out", metavar="PATH", type=Path,
+                   help="report file, .html or .md (default: reports/<first case's id>.html)")
 
 
 def cmd_report(args) -> int:
-    """Replay case files and write a self-contained report (HTML with figures, or Markdown)."""
-    done = _replay_all(args)
-    name = done.reports[0].case_id if done.reports else Path(args.cases[0]).stem
-    return max(done.rc, _write(done, args.out or Path("reports") / f"{name}.html", args.force))
+    """Replay case files and write one self-contained report (HTML with figures, or Markdown).
+
+    Exit codes as replay; nothing is written when an input cannot be used."""
+    from .report import FORMATS
+    if args.out:
+        _check_out(args.out, FORMATS)
+    files = _usable_cases(args.cases)
+    out = args.out or Path("reports") / f"{_load(files[0]).case_id}.html"
+    _check_out(out, FORMATS)
+    done = _replay_all(args, files)
+    return max(done.rc, _write(done, out, args.force))
 
 
 # ---- synth -------------------------------------------------------------------------------------
 def add_synth(p: argparse.ArgumentParser) -> None:
     from .constants import LAYOUTS
     from .synth import KIMI_HEADS_PER_RANK, KIMI_SM_SCALE, TREES
-    p.add_argument("--out", required=True, metavar="PATH", help="case file to write (.pt)")
-    p.add_argument("--bs", type=int, default=None,
+    p.add_argument("--out", required=True, metavar="PATH", type=Path, help="case file to write (.pt)")
+    p.add_argument("--bs", type=_number(int, 1), default=None,
                    help="requests in the batch (default: the length of a --prefix/--q-len list, else 1)")
-    p.add_argument("--prefix", type=_int_list, default=[21], help="committed prefix length: 21, or per request 21,300,8192")
-    p.add_argument("--q-len", type=_int_list, default=[9], help="draft tokens per request (1 + tree budget): 9, or a comma list")
-    p.add_argument("--heads", type=int, default=KIMI_HEADS_PER_RANK, help=f"query heads on this rank (default {KIMI_HEADS_PER_RANK}: Kimi 64 heads / TP8)")
+    p.add_argument("--prefix", type=_int_list(0), default="21",
+                   help="committed prefix length, one for all requests or a comma list, one per request")
+    p.add_argument("--q-len", type=_int_list(1), default="9",
+                   help="draft tokens per request (1 + tree budget), one or a comma list")
+    p.add_argument("--heads", type=_number(int, 1), default=KIMI_HEADS_PER_RANK,
+                   help="query heads on this rank (Kimi K2.6: 64 heads / TP8)")
     p.add_argument("--tree", choices=TREES, default="ddtree", help="draft tree shape (causal: no custom mask)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_number(int, 0), default=0, help="random seed of the tree and the tensors")
     p.add_argument("--layout", choices=LAYOUTS, default="sglang",
                    help="sglang: indices cover the prefix, draft from k/v; unified: prefix + draft slots in the pool")
-    p.add_argument("--magnitude", type=float, default=1.0, help="scale of q; 8..30 stresses the online softmax")
-    p.add_argument("--logit-cap", type=float, default=0.0, help="soft cap of the logits, 0 for none")
-    p.add_argument("--sm-scale", type=float, default=KIMI_SM_SCALE, help=f"softmax scale (default Kimi K2.6: {KIMI_SM_SCALE:.6f})")
+    p.add_argument("--magnitude", type=_number(float, 0, lo_open=True), default=1.0,
+                   help="scale of q; 8..30 stresses the online softmax")
+    p.add_argument("--logit-cap", type=_number(float, 0), default=0.0, help="soft cap of the logits, 0 for none")
+    p.add_argument("--sm-scale", type=_number(float, 0, lo_open=True), default=KIMI_SM_SCALE,
+                   help=f"softmax scale (default: Kimi K2.6's, {KIMI_SM_SCALE:.6f})")
     p.add_argument("--case-id", default=None, help="case id (default: built from the parameters)")
     p.add_argument("--force", action="store_true", help="replace an existing file")
 
@@ -226,63 +403,96 @@ def _per_request(vals: list[int], bs: int, flag: str):
     if len(vals) == 1:
         return vals[0]
     if len(vals) != bs:
-        raise ValueError(f"{flag} has {len(vals)} values for --bs {bs}: give one value or one per request")
+        raise BadInput(f"{flag} has {len(vals)} values for --bs {bs}: give one value or one per request")
     return vals
 
 
 def cmd_synth(args) -> int:
-    """Write a synthetic case with the shapes of Kimi K2.6 tree verify (refuses to overwrite without --force)."""
+    """Write a synthetic case with the shapes of Kimi K2.6 tree verify.
+
+    Exit 1 if the file exists (--force replaces it)."""
+    from .case import CaseError
     from .synth import make_case
-    out = Path(args.out)
+    out = args.out
+    _check_out(out, {".pt": "case"})
+    lists = [len(v) for v in (args.prefix, args.q_len) if len(v) > 1]
+    if args.bs is None and len(set(lists)) > 1:
+        raise BadInput(f"--prefix has {len(args.prefix)} values and --q-len {len(args.q_len)}: "
+                       "give one value or one per request")
+    bs = args.bs if args.bs is not None else (lists[0] if lists else 1)
+    prefix, q_len = _per_request(args.prefix, bs, "--prefix"), _per_request(args.q_len, bs, "--q-len")
     if out.exists() and not args.force:
         _err(f"{out} exists; pass --force to replace it")
         return EXIT_PROBLEM
-    lists = [len(v) for v in (args.prefix, args.q_len) if len(v) > 1]
-    bs = args.bs if args.bs is not None else (lists[0] if lists else 1)
     try:
-        if args.bs is None and len(set(lists)) > 1:
-            raise ValueError(f"--prefix has {len(args.prefix)} values and --q-len {len(args.q_len)}: "
-                             "give one value or one per request")
-        if bs < 1:
-            raise ValueError(f"--bs {bs}: a batch has at least one request")
-        case = make_case(bs=bs, prefix=_per_request(args.prefix, bs, "--prefix"),
-                         q_len=_per_request(args.q_len, bs, "--q-len"), heads=args.heads, tree=args.tree,
+        case = make_case(bs=bs, prefix=prefix, q_len=q_len, heads=args.heads, tree=args.tree,
                          seed=args.seed, layout=args.layout, sm_scale=args.sm_scale,
                          logit_cap=args.logit_cap, magnitude=args.magnitude, case_id=args.case_id)
-    except (ValueError, CaseError) as e:
-        _err(f"synth: {e}")
-        return EXIT_BAD_INPUT
-    try:
         written = case.save(out, overwrite=args.force)
     except FileExistsError as e:
         _err(str(e))
         return EXIT_PROBLEM
+    except (ValueError, CaseError) as e:  # what the case file itself refuses (e.g. > 1024 heads)
+        raise BadInput(f"synth: {e}")
     print(case.summary())
     print(f"wrote {written} ({os.path.getsize(written)} bytes)")
     return EXIT_OK
 
 
+# ---- compile -----------------------------------------------------------------------------------
+def kernel_archs() -> dict:
+    """The archs kdkit's kernel builds for: from the oldest its spec lists (mma.sync, ldmatrix and
+    cp.async need sm_80), and among those this NVRTC targets ("nvrtc": None when it is not installed)."""
+    from .kernel.spec import ARCHS
+    try:
+        from cuda.bindings import nvrtc
+        known = list(nvrtc.nvrtcGetSupportedArchs()[1])
+    except ImportError:
+        known = None
+    return {"min": min(int(a[3:]) for a in ARCHS), "nvrtc": known}
+
+
+def _check_arch(arch: str, archs: dict) -> None:
+    m = re.fullmatch(r"sm_(\d+)([af]?)", arch)
+    if not m:
+        raise BadInput(f"--arch {arch!r}: expected sm_XX, e.g. sm_120 or sm_90a")
+    n, known = int(m.group(1)), archs["nvrtc"]
+    if n < archs["min"]:
+        raise BadInput(f"--arch {arch}: the kernel needs sm_{archs['min']} or newer")
+    if known is not None and n not in known:
+        ok = [f"sm_{a}" for a in known if a >= archs["min"]]
+        raise BadInput(f"--arch {arch}: this NVRTC builds the kernel for {', '.join(ok)}")
+
+
 def add_compile(p: argparse.ArgumentParser) -> None:
     from .kernel.mutants import MUTANTS
-    from .kernel.spec import ARCHS, DEFAULT_NT, NT_CHOICES
+    from .kernel.spec import DEFAULT_NT, NT_CHOICES
     p.add_argument("--arch", default="sm_120",
-                   help=f"comma list of targets, e.g. sm_120,sm_90 (known: {', '.join(ARCHS)}; any sm_XX NVRTC takes)")
-    p.add_argument("--rows", type=int, default=8 * DEFAULT_NT, choices=[8 * n for n in NT_CHOICES],
+                   help="comma list of targets, e.g. sm_120,sm_90: any sm_XX from sm_80 that NVRTC builds")
+    p.add_argument("--rows", type=_number(int), default=8 * DEFAULT_NT, choices=[8 * n for n in NT_CHOICES],
                    help="query (token, head) rows per block (8 x KD_NT)")
     p.add_argument("--mutant", default=None, choices=sorted(MUTANTS),
-                   help="a deliberately wrong build (negative control) instead of the kernel")
+                   help="a deliberately wrong build (negative control) instead of the kernel (default: none)")
 
 
 def cmd_compile(args) -> int:
-    """Compile kdkit's kernel for an arch without a GPU; print registers, shared memory, spills,
-    local memory; exit 1 if the build breaches sm_120's limits (99 KB smem, no spills, no wgmma/TMA)."""
+    """Compile kdkit's kernel for GPU archs without a GPU and print its resource use per kernel.
+
+    Registers, shared memory, stack, spills, local memory; exit 1 if a build breaches sm_120's
+    limits (99 KB of shared memory, no spills, no wgmma/TMA) or fails."""
     from .kernel import jit
     from .kernel.spec import KernelConfig, compile_report
+    archs = [a.strip() for a in args.arch.split(",") if a.strip()]
+    if not archs:
+        raise BadInput("--arch: give at least one sm_XX")
+    limits = kernel_archs()
+    for arch in archs:
+        _check_arch(arch, limits)
+    if limits["nvrtc"] is None:
+        _err("NVRTC is not installed: `pip install cuda-bindings nvidia-cuda-nvrtc` (kdkit's 'compile' extra)")
+        return EXIT_PROBLEM
     worst = EXIT_OK
-    for arch in [a.strip() for a in args.arch.split(",") if a.strip()]:
-        if not re.fullmatch(r"sm_\d+[a-z]?", arch):
-            _err(f"--arch {arch!r}: expected sm_XX (e.g. sm_120)")
-            return EXIT_BAD_INPUT
+    for arch in archs:
         try:
             rep = compile_report(arch, KernelConfig(nt=args.rows // 8, mutant=args.mutant))
         except jit.BuildError as e:
@@ -308,7 +518,7 @@ def cmd_bench(args) -> int:
 
 
 # ---- the table of subcommands --------------------------------------------------------------------
-# (name, add_arguments, handler); the handler's docstring is the help text
+# (name, add_arguments, handler); the first paragraph of the handler's docstring is its help
 COMMANDS: list[tuple] = [
     ("inspect", add_inspect, cmd_inspect),
     ("replay", add_replay, cmd_replay),
@@ -319,24 +529,55 @@ COMMANDS: list[tuple] = [
 ]
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a bad argument said in one line (no usage block), exit 2."""
+
+    def error(self, message):
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: {message} (`{self.prog} --help` lists the options)\n")
+
+
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default, unless it is required or its help says it."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.required or "default" in text or action.default in (None, argparse.SUPPRESS):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def summary(handler) -> str:
+    """A handler's one-line help: the first paragraph of its docstring, on one line."""
+    return " ".join((handler.__doc__ or "").strip().split("\n\n")[0].split())
+
+
+def build_parser(only: str | None = "*") -> argparse.ArgumentParser:
+    """The parser; `only` names the one subcommand whose options are declared ("*": all of them,
+    None: none): declaring them imports what their defaults come from (torch, for synth)."""
     from . import __version__
-    parser = argparse.ArgumentParser(
-        prog="kdkit", description="Capture, replay and validate the MLA tree-verify attention kernel.")
+    parser = _Parser(prog="kdkit", formatter_class=_Help,
+                     description="Replay and validate the MLA tree-verify attention kernel: case files, "
+                                 "backends, the float64 oracle, the lint, reports, kernel builds.")
     parser.add_argument("--version", action="version", version=f"kdkit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, add_arguments, handler in COMMANDS:
         doc = (handler.__doc__ or "").strip()
-        p = sub.add_parser(name, help=doc.splitlines()[0] if doc else None, description=doc or None)
-        add_arguments(p)
+        p = sub.add_parser(name, help=summary(handler), description=doc, formatter_class=_Help)
+        if only in ("*", name):
+            add_arguments(p)
         p.set_defaults(_handler=handler)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(command).parse_args(argv)
     try:
         return int(args._handler(args) or 0)
+    except BadInput as e:
+        _err(str(e))
+        return EXIT_BAD_INPUT
     except BrokenPipeError:  # `kdkit inspect x.pt | head`
         return EXIT_OK
 

@@ -138,13 +138,16 @@ def _not_clean(errors) -> str:
 
 
 def replay(case, backends: str | Iterable[str], against: str = "oracle", run_lint: bool = True,
-           findings: list | None = None, **opts) -> ReplayReport:
+           findings: list | None = None, progress=None, **opts) -> ReplayReport:
     """Run `backends` on clones of `case`, judge each against `against` ("oracle" or a backend).
 
     backends: a list of names, or a --backends string ("all", "oracle,torch": backends.resolve).
     findings: the case's kdkit.lint findings if the caller has them already (not linted again).
     opts are per-backend option dicts keyed by backend name, e.g. torch={"device": "cuda"}.
+    progress(name), if given, is called as each backend starts (the oracle first, once): a
+    progress bar's hook, since one backend can take tens of seconds (Triton's CPU interpreter).
     """
+    progress = progress or (lambda name: None)
     if isinstance(backends, str):
         backends = _backends.resolve(backends)
     names = list(dict.fromkeys(backends))          # de-duplicated, order kept
@@ -173,6 +176,7 @@ def replay(case, backends: str | Iterable[str], against: str = "oracle", run_lin
     results: dict[str, tuple] = {}
     skipped: dict[str, str] = {}
     errors: dict[str, str] = {}
+    progress("oracle")
     try:
         results["oracle"] = _timed("oracle", case, opts.get("oracle", {}))
     except Exception as e:
@@ -188,6 +192,7 @@ def replay(case, backends: str | Iterable[str], against: str = "oracle", run_lin
     for name in todo:
         if name in results or name in errors:
             continue
+        progress(name)
         if lint_errors and _backends.needs_clean_case(name):
             errors[name] = _not_clean(lint_errors)
             continue

@@ -1,19 +1,29 @@
-"""The `kdkit` command line, run in-process through main(argv) and once as a real subprocess."""
+"""The `kdkit` command line as a user meets it: exit codes, errors before work, help, progress,
+start-up. Run in-process through main(argv), and as a real process where start-up is the point.
+
+Exit codes (kdkit/cli.py): 0 all requested work passed; 1 a verdict failed or something requested
+did not run (a skipped backend, unless --allow-skip); 2 bad input or arguments, in one line, before
+any work or any file written.
+"""
 from __future__ import annotations
 
+import io
 import os
 import re
+import shutil
 import subprocess
 import sys
 
 import pytest
 
-from conftest import BUNDLED, ROOT, bundled_path
+from conftest import BUNDLED, DATA, ROOT, bundled_path
+from kdkit import backends
 from kdkit.case import load
-from kdkit.cli import COMMANDS, main
+from kdkit.cli import COMMANDS, build_parser, main, summary
 from kdkit.synth import make_case
 
 SEED_LINE = re.compile(r"^\[kdkit\] \S+ (\S+ )?max_abs_diff=\S+ mean=\S+ rel=\S+$", re.M)
+SEED = DATA / "seed-shape.pt"
 
 
 def run(capsys, *argv) -> tuple[int, str, str]:
@@ -22,10 +32,151 @@ def run(capsys, *argv) -> tuple[int, str, str]:
     return rc, out, err
 
 
+def first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else ""
+
+
+def files_under(path) -> list:
+    return sorted(p.relative_to(path) for p in path.rglob("*") if p.is_file())
+
+
+def proc(*argv, **kw) -> subprocess.CompletedProcess:
+    """`python -m kdkit.cli ARGV` as a separate process, this checkout first on the path."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    return subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, timeout=300, **kw)
+
+
 def test_subcommands_are_a_table():
     names = [c[0] for c in COMMANDS]
-    assert {"inspect", "replay", "report", "synth"} <= set(names)
+    assert {"inspect", "replay", "report", "synth", "compile"} <= set(names)
     assert len(names) == len(set(names))
+
+
+# ---- what a new user saw (issue 12): the command, its exit code, the first line of its output ----
+# (argv, exit code, regex the first line of stderr matches). Each runs in an empty directory and
+# must leave it empty: a refused command writes nothing.
+REFUSED = {
+    "synth-q-len-0": (["synth", "--out", "c.pt", "--q-len", "0"], 2, r"^kdkit synth: argument --q-len: 0: want >= 1"),
+    "synth-q-len-list-0": (["synth", "--out", "c.pt", "--q-len", "9,0"], 2, r"^kdkit synth: argument --q-len: 0: want >= 1"),
+    "synth-heads-0": (["synth", "--out", "c.pt", "--heads", "0"], 2, r"^kdkit synth: argument --heads: 0: want >= 1"),
+    "synth-heads-1025": (["synth", "--out", "c.pt", "--heads", "1025"], 2, r"^kdkit: synth: .*num_heads.*1025"),
+    "synth-logit-cap-neg": (["synth", "--out", "c.pt", "--logit-cap", "-3"], 2, r"^kdkit synth: argument --logit-cap: -3: want >= 0"),
+    "synth-logit-cap-nan": (["synth", "--out", "c.pt", "--logit-cap", "nan"], 2, r"^kdkit synth: argument --logit-cap: 'nan': want a finite number"),
+    "synth-sm-scale-0": (["synth", "--out", "c.pt", "--sm-scale", "0"], 2, r"^kdkit synth: argument --sm-scale: 0: want > 0"),
+    "synth-magnitude-0": (["synth", "--out", "c.pt", "--magnitude", "0"], 2, r"^kdkit synth: argument --magnitude: 0: want > 0"),
+    "synth-seed-neg": (["synth", "--out", "c.pt", "--seed", "-1"], 2, r"^kdkit synth: argument --seed: -1: want >= 0"),
+    "synth-bs-0": (["synth", "--out", "c.pt", "--bs", "0"], 2, r"^kdkit synth: argument --bs: 0: want >= 1"),
+    "synth-prefix-neg": (["synth", "--out", "c.pt", "--prefix", "-5"], 2, r"^kdkit synth: argument --prefix: -5: want >= 0"),
+    "synth-tree-bogus": (["synth", "--out", "c.pt", "--tree", "bogus"], 2, r"^kdkit synth: argument --tree: invalid choice"),
+    "synth-lengths": (["synth", "--out", "c.pt", "--prefix", "1,2", "--q-len", "1,2,3"], 2, r"^kdkit: --prefix has 2 values and --q-len 3"),
+    "synth-not-pt": (["synth", "--out", "c.txt"], 2, r"^kdkit: c\.txt: the suffix must be one of \.pt"),
+    "synth-no-out": (["synth"], 2, r"^kdkit synth: the following arguments are required: --out"),
+    "report-missing": (["report", "nonexistent.pt"], 2, r"^kdkit: nonexistent\.pt: no such file or directory"),
+    "report-text-file": (["report", ROOT / "README.md"], 2, r"^kdkit: cannot load case: .*README\.md.*cannot be read as a torch file"),
+    "report-empty-dir": (["report", ROOT / "notebooks"], 2, r"^kdkit: .*notebooks: a directory with no case files"),
+    "report-bad-suffix": (["report", SEED, "--out", "r.txt"], 2, r"^kdkit: r\.txt: the suffix must be one of"),
+    "replay-missing": (["replay", "nonexistent.pt", "--report", "r.html"], 2, r"^kdkit: nonexistent\.pt: no such file"),
+    "replay-bad-backend": (["replay", SEED, "--backends", "oracle,nosuch"], 2, r"^kdkit replay: argument --backends: unknown backend\(s\) nosuch"),
+    "replay-bad-against": (["replay", SEED, "--against", "nosuch"], 2, r"^kdkit replay: argument --against: invalid choice: 'nosuch'"),
+    "inspect-missing": (["inspect", "nope.pt"], 2, r"^kdkit: nope\.pt: no such file or directory"),
+    "compile-arch-999": (["compile", "--arch", "sm_999"], 2, r"^kdkit: --arch sm_999: this NVRTC builds the kernel for sm_80, .*sm_120"),
+    "compile-arch-75": (["compile", "--arch", "sm_75"], 2, r"^kdkit: --arch sm_75: the kernel needs sm_80 or newer"),
+    "compile-arch-word": (["compile", "--arch", "sm_120,volta"], 2, r"^kdkit: --arch 'volta': expected sm_XX"),
+    "compile-rows-7": (["compile", "--rows", "7"], 2, r"^kdkit compile: argument --rows: invalid choice: 7 \(choose from 8, 16, 24, 32, 40\)"),
+    "compile-rows-0": (["compile", "--rows", "0"], 2, r"^kdkit compile: argument --rows: invalid choice: 0 \(choose from 8, 16,"),
+    "compile-mutant": (["compile", "--mutant", "nosuch"], 2, r"^kdkit compile: argument --mutant: invalid choice: 'nosuch'"),
+    "no-command": ([], 2, r"^kdkit: the following arguments are required: COMMAND"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_refused_in_one_line_writing_nothing(capsys, tmp_path, monkeypatch, name):
+    argv, want_rc, pattern = REFUSED[name]
+    if argv[:1] == ["compile"] and "arch" in name:
+        pytest.importorskip("cuda.bindings", reason="the arch list is NVRTC's: kdkit's 'compile' extra")
+    monkeypatch.chdir(tmp_path)
+    try:
+        rc = main([str(a) for a in argv])
+    except SystemExit as e:  # argparse's own exit, as the console script would see it
+        rc = e.code
+    out, err = capsys.readouterr()
+    assert rc == want_rc, out + err
+    assert re.search(pattern, first_line(err)), err
+    assert "Traceback" not in out + err and len(err.strip().splitlines()) == 1, err
+    assert files_under(tmp_path) == [], "a refused command wrote a file"
+
+
+def test_synth_existing_file_exits_1_and_keeps_it(capsys, tmp_path):
+    out = tmp_path / "c.pt"
+    rc, _, _ = run(capsys, "synth", "--out", out, "--seed", "7")
+    assert rc == 0
+    before = out.read_bytes()
+    rc, _, err = run(capsys, "synth", "--out", out, "--seed", "8")
+    assert rc == 1 and first_line(err) == f"kdkit: {out} exists; pass --force to replace it"
+    assert out.read_bytes() == before
+
+
+def test_the_smallest_valid_synth_values_replay(capsys, tmp_path):
+    """The edges the argument checks let through (q_len 1, prefix 0, one head) make cases that replay."""
+    out = tmp_path / "edge.pt"
+    rc, _, err = run(capsys, "synth", "--out", out, "--q-len", "1", "--prefix", "0", "--heads", "1")
+    assert rc == 0, err
+    rc, text, err = run(capsys, "replay", out, "--backends", "oracle,torch")
+    assert rc == 0, text + err
+
+
+# ---- exit codes of replay: a skipped backend is not a pass ----------------------------------------
+def test_a_skipped_backend_is_not_a_pass(capsys):
+    """`captured` cannot run on a synthetic case (it holds no live output) on any machine."""
+    rc, out, err = run(capsys, "replay", SEED, "--backends", "torch,captured")
+    assert rc == 1, out + err
+    assert re.search(r"^torch\s+pass\b", out, re.M) and re.search(r"^captured\s+skipped\b", out, re.M)
+    assert first_line(err) == f"kdkit: {SEED}: captured skipped, so not tested (--allow-skip accepts that)"
+    rc, out, err = run(capsys, "replay", SEED, "--backends", "torch,captured", "--allow-skip")
+    assert rc == 0 and err == "", err
+
+
+def test_nothing_requested_ran_exits_1_even_with_allow_skip(capsys):
+    rc, out, err = run(capsys, "replay", SEED, "--backends", "captured", "--allow-skip")
+    assert rc == 1
+    assert first_line(err) == f"kdkit: {SEED}: nothing requested ran (captured skipped)"
+
+
+def test_cuda_without_a_gpu_exits_1(capsys):
+    """Issue 12 item 1: `--backends cuda` where the kernel cannot run used to exit 0."""
+    why = backends.unavailable("cuda")
+    if why is None:
+        pytest.skip("the CUDA kernel can run here")
+    rc, out, err = run(capsys, "replay", SEED, "--backends", "cuda")
+    assert rc == 1 and re.search(r"^cuda\s+skipped\b", out, re.M) and why in out
+    assert first_line(err) == f"kdkit: {SEED}: nothing requested ran (cuda skipped)"
+
+
+def test_against_a_backend_that_cannot_run_exits_1_before_work(capsys):
+    why = backends.unavailable("cuda")
+    if why is None:
+        pytest.skip("the CUDA kernel can run here")
+    rc, out, err = run(capsys, "replay", SEED, "--against", "cuda")
+    assert rc == 1 and out == "" and first_line(err).startswith("kdkit: --against cuda cannot run here: ")
+
+
+def test_skip_reasons_name_only_commands_that_exist():
+    """Issue 12 item 3: a reason that says `kdkit X` must name a subcommand kdkit has."""
+    names = {c[0] for c in COMMANDS}
+    case = make_case()
+    for b in backends.BACKENDS:
+        for why in (backends.unavailable(b), backends.unavailable(b, case)):
+            for cmd in re.findall(r"`kdkit (\w+)", why or ""):
+                assert cmd in names, f"{b}: {why}"
+
+
+def test_cuda_skip_reason_is_true_without_a_gpu():
+    """Issue 12 item 2: on a machine with no CUDA GPU the reason says so, not 'install CuPy'."""
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("there is a GPU here")
+    why = backends.unavailable("cuda")
+    assert "no CUDA GPU" in why and "CuPy" not in why, why
 
 
 # ---- inspect ------------------------------------------------------------------------------------
@@ -48,6 +199,19 @@ def test_inspect_failure_cases_name_their_bug(capsys, failure_case):
     assert re.search(rf"ERROR {re.escape(bug)} \[{field}\]", out), out
 
 
+def test_inspect_takes_directories_and_several_files(capsys):
+    """Issue 12 item 6: `kdkit inspect DIR` said 'no such case file' for a directory that exists."""
+    rc, out, err = run(capsys, "inspect", DATA)
+    every = sorted(DATA.rglob("*.pt"))
+    assert len(every) >= 6
+    assert first_line(out) == f"case {load(every[0]).case_id}  ({every[0]})"
+    for p in every:
+        assert f"({p})" in out
+    assert rc == 1  # failures/ holds the known-bad cases
+    rc, out, _ = run(capsys, "inspect", bundled_path("seed-shape"), bundled_path("ragged-bs4"))
+    assert rc == 0 and out.count("lint: clean") == 2
+
+
 def test_inspect_hostile_file_exits_2(capsys, hostile_case):
     path, marker = hostile_case
     rc, out, err = run(capsys, "inspect", path)
@@ -65,15 +229,11 @@ def test_inspect_unreadable_file_exits_2(capsys, tmp_path, content):
     assert rc == 2 and "cannot be read as a torch file" in err and "Traceback" not in err
 
 
-def test_inspect_missing_file_exits_2(capsys, tmp_path):
-    rc, _, err = run(capsys, "inspect", tmp_path / "nope.pt")
-    assert rc == 2 and "no such case file" in err
-
-
 # ---- replay / report -------------------------------------------------------------------------------
 def test_replay_oracle_torch(capsys, seed_case_path):
     rc, out, err = run(capsys, "replay", seed_case_path, "--backends", "oracle,torch")
     assert rc == 0, out + err
+    assert first_line(out).startswith("seed-shape: synthetic bs=1 H=8 q_len=9 prefix=21")
     lines = SEED_LINE.findall(out)
     assert len(lines) == 2, out  # one seed-style line per judged backend
     assert re.search(r"^torch\s+pass\b", out, re.M), out
@@ -81,19 +241,13 @@ def test_replay_oracle_torch(capsys, seed_case_path):
 
 
 def test_replay_all_skips_with_reasons(capsys, seed_case_path):
-    from kdkit import backends
-    rc, out, err = run(capsys, "replay", seed_case_path, "--backends", "all")
+    rc, out, err = run(capsys, "replay", seed_case_path, "--backends", "all", "--allow-skip")
     assert rc == 0, out + err
     for name in backends.BACKENDS:
         assert re.search(rf"^{name}\s+(pass|skipped)\b", out, re.M), f"{name} missing:\n{out}"
         why = backends.unavailable(name, load(seed_case_path))
         if why:
             assert why in out
-
-
-def test_replay_unknown_backend_exits_2(capsys, seed_case_path):
-    rc, _, err = run(capsys, "replay", seed_case_path, "--backends", "oracle,nosuch")
-    assert rc == 2 and "nosuch" in err
 
 
 def test_replay_failure_case_exits_1_and_names_bug(capsys):
@@ -112,6 +266,17 @@ def test_replay_exits_1_on_lint_errors_even_when_numbers_agree(capsys, tmp_path)
     rc, out, err = run(capsys, "replay", path, "--backends", "oracle,torch")
     assert re.search(r"^torch\s+pass\b", out, re.M), out
     assert rc == 1 and "scratch-slot-referenced" in out
+    assert first_line(err) == f"kdkit: {path}: lint errors (scratch-slot-referenced)"
+
+
+def test_a_bad_file_among_good_ones_stops_before_any_work(capsys, tmp_path, seed_case_path):
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a torch file\n")
+    target = tmp_path / "r.html"
+    rc, out, err = run(capsys, "report", seed_case_path, bad, "--out", target)
+    assert rc == 2 and out == "", out  # nothing replayed, nothing printed
+    assert re.match(r"kdkit: cannot load case: .*bad\.pt", first_line(err)) and "nothing was run" in err
+    assert not target.exists()
 
 
 def test_report_writes_and_never_overwrites(capsys, seed_case_path, tmp_path):
@@ -135,6 +300,20 @@ def test_report_writes_and_never_overwrites(capsys, seed_case_path, tmp_path):
     assert rc == 0 and target.read_bytes() != before
 
 
+def test_report_over_a_directory(capsys, tmp_path, monkeypatch):
+    """One report for every case under a directory, named after the first, under ./reports."""
+    cases = tmp_path / "cases"
+    cases.mkdir()
+    for name in ("seed-shape", "ragged-bs4"):
+        shutil.copy(bundled_path(name), cases)
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = run(capsys, "report", cases, "--backends", "oracle,torch")
+    assert rc == 0, out + err
+    assert out.strip().splitlines()[-1] == "report: reports/ragged-bs4.html"
+    md_or_html = (tmp_path / "reports" / "ragged-bs4.html").read_text()
+    assert "ragged-bs4" in md_or_html and "seed-shape" in md_or_html
+
+
 def test_replay_markdown_report(capsys, seed_case_path, tmp_path):
     target = tmp_path / "r.md"
     rc, out, err = run(capsys, "replay", seed_case_path, "--backends", "oracle,torch", "--report", target)
@@ -144,39 +323,138 @@ def test_replay_markdown_report(capsys, seed_case_path, tmp_path):
     assert len(SEED_LINE.findall(md)) == 2
 
 
-# ---- synth --------------------------------------------------------------------------------------------
-def test_synth_writes_and_refuses_overwrite(capsys, tmp_path):
-    out = tmp_path / "c.pt"
-    rc, text, err = run(capsys, "synth", "--out", out, "--prefix", "0,5,40", "--q-len", "1,4,9",
-                        "--heads", "3", "--tree", "chain", "--seed", "7")
-    assert rc == 0, err
-    case = load(out)
-    assert case.batch_size == 3 and case.num_heads == 3 and case.q_lens == [1, 4, 9]
-    assert case.prefix_lens.tolist() == [0, 5, 40]
-    before = out.read_bytes()
-    rc, _, err = run(capsys, "synth", "--out", out, "--seed", "8")
-    assert rc == 1 and "--force" in err and out.read_bytes() == before
-    rc, _, _ = run(capsys, "synth", "--out", out, "--seed", "8", "--force", "--layout", "unified")
-    assert rc == 0 and load(out).layout == "unified"
+def test_demo_report_is_one_file_it_overwrites(capsys, tmp_path, seed_case_path):
+    """Issue 12 item 12: `make demo` writes reports/demo.html with --force, never a new file each run."""
+    make = (ROOT / "Makefile").read_text()
+    demo = re.search(r"^demo:.*\n((?:\t.*\n)+)", make, re.M).group(1)
+    assert "--report reports/demo.html" in demo and "--force" in demo and "--allow-skip" in demo
+    target = tmp_path / "demo.md"
+    for _ in range(2):
+        rc, _, err = run(capsys, "replay", seed_case_path, "--backends", "oracle", "--report", target, "--force")
+        assert rc == 0, err
+    assert files_under(tmp_path) == [target.relative_to(tmp_path)]
 
 
-def test_synth_bad_lengths_exit_2(capsys, tmp_path):
-    rc, _, err = run(capsys, "synth", "--out", tmp_path / "c.pt", "--prefix", "1,2", "--q-len", "1,2,3")
-    assert rc == 2 and "--prefix" in err and not (tmp_path / "c.pt").exists()
+# ---- progress on slow work -----------------------------------------------------------------------
+class _Terminal(io.StringIO):
+    """A stderr that says it is a terminal: tqdm shows its bar only there."""
+
+    def isatty(self):
+        return True
 
 
-# ---- as a real process ----------------------------------------------------------------------------------
+def test_progress_bar_names_each_backend_on_a_terminal(capsys, monkeypatch, seed_case_path):
+    """Issue 12 item 9: a replay that takes tens of seconds printed nothing while it ran."""
+    term = _Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    rc = main(["replay", str(seed_case_path), "--backends", "oracle,torch"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    bar = term.getvalue()
+    assert "seed-shape: oracle" in bar and "seed-shape: torch" in bar, bar
+    assert re.search(r"2/2 \[", bar), bar
+    assert "seed-shape: oracle" not in out  # the bar stays on stderr; stdout is the results
+
+
+def test_no_progress_bar_when_stderr_is_not_a_terminal(capsys, seed_case_path):
+    rc, out, err = run(capsys, "replay", seed_case_path, "--backends", "oracle,torch")
+    assert rc == 0 and err == ""
+
+
+# ---- help ------------------------------------------------------------------------------------------
+def _options(parser):
+    sub = next(a for a in parser._actions if a.dest == "command")
+    for name, p in sub.choices.items():
+        for action in p._actions:
+            if action.option_strings and action.dest != "help":
+                yield name, action, p
+
+
+def test_every_option_has_help_and_its_default():
+    """Issue 12 item 7: `synth --help` showed no defaults and `--seed` had no help."""
+    parser = build_parser("*")
+    missing = []
+    for name, action, p in _options(parser):
+        text = p.formatter_class(p.prog)._get_help_string(action) or ""
+        if not action.help or not (action.required or "default" in text):
+            missing.append(f"{name} {action.option_strings[0]}: {text!r}")
+    assert not missing, missing
+
+
+def test_help_shows_defaults(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["synth", "--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0
+    flat = " ".join(out.split())
+    for want in ("(default: 21)", "(default: 9)", "(default: 8)", "(default: ddtree)", "(default: 0)",
+                 "random seed", "(default: Kimi K2.6's, 0.144680)"):
+        assert want in flat, want
+
+
+def test_top_level_help_lists_each_command_uncut(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    flat = " ".join(capsys.readouterr().out.split())
+    for name, _, handler in COMMANDS:
+        line = summary(handler)
+        assert line.endswith(".") and f"{name} {line}" in flat, (name, line)
+
+
+# ---- start-up ----------------------------------------------------------------------------------------
+PROBE = ("import sys\nfrom kdkit.cli import main\ntry:\n    rc = main(sys.argv[1:])\nexcept SystemExit as e:\n"
+         "    rc = e.code\nprint('IMPORTED', *sorted(m for m in ('torch', 'plotly', 'triton') if m in sys.modules))\n"
+         "sys.exit(rc)\n")
+
+
+@pytest.mark.parametrize("argv,rc,unwanted", [
+    (["--help"], 0, ("torch", "plotly")),
+    (["synth", "--out", "x.pt", "--heads", "0"], 2, ("torch", "plotly")),  # refused before torch loads
+    (["replay", "--help"], 0, ("plotly", "triton")),
+    (["inspect", str(SEED)], 0, ("plotly", "triton")),
+    (["replay", str(SEED), "--backends", "oracle,torch"], 0, ("plotly", "triton")),
+], ids=["help", "bad-arg", "replay-help", "inspect", "replay"])
+def test_start_up_imports_only_what_the_command_needs(tmp_path, argv, rc, unwanted):
+    """Issue 12 item 13: the command line imports torch and plotting only when the command needs them."""
+    p = proc("-c", PROBE, *argv, cwd=tmp_path)
+    assert p.returncode == rc, p.stdout + p.stderr
+    imported = p.stdout.strip().splitlines()[-1].split()[1:]
+    assert not set(imported) & set(unwanted), imported
+
+
 def test_cli_as_subprocess(seed_case_path):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    p = subprocess.run([sys.executable, "-m", "kdkit.cli", "inspect", str(seed_case_path)],
-                       capture_output=True, text=True, env=env, timeout=120)
+    p = proc("-m", "kdkit.cli", "inspect", str(seed_case_path))
     assert p.returncode == 0, p.stdout + p.stderr
     assert "lint: clean" in p.stdout
 
 
+# ---- make demo / make test -------------------------------------------------------------------------
+def _make_n(target: str, venv) -> str:
+    if shutil.which("make") is None:
+        pytest.skip("no make here")
+    p = subprocess.run(["make", "-n", target, f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return p.stdout
+
+
+def test_make_demo_fetches_only_what_the_demo_needs(tmp_path):
+    """Issue 12 item 9: a cold `make demo` printed only pip lines and fetched wheels only tests read."""
+    demo = _make_n("demo", tmp_path / "venv")
+    assert "pip download" not in demo and "[dev" not in demo
+    assert re.search(r"echo .*kdkit: ", demo), "no line before each set-up step"
+    test = _make_n("test", tmp_path / "venv")
+    assert "pip download" in test and "'.[dev]'" in test and "pytest" in test
+
+
+def test_make_test_on_the_host_python_sets_nothing_up():
+    """`make test VENV=` is the GPU host without internet: no venv, no pip, no download."""
+    for target in ("test", "demo"):
+        cmds = _make_n(target, "")
+        assert "pip" not in cmds and "venv" not in cmds, cmds
+
+
 def test_replay_names_the_sglang_release(capsys, seed_case_path):
     """Issue 4's CPU check: replay through SGLang's kernel passes and says which release ran."""
-    from kdkit import backends
     why = backends.unavailable("triton_sglang")
     if why:
         pytest.skip(why)
