@@ -14,7 +14,7 @@ Exit codes, the same for every subcommand:
      hostile). Said in one line, before any work is done or any file written.
 
 Start-up: only the subcommand that runs is given its options, and each imports what it needs when
-it runs, so `kdkit --help` and a mistyped argument import neither torch nor plotly.
+it runs: `kdkit --help` imports neither torch nor plotly, and only a report imports plotly.
 """
 from __future__ import annotations
 

@@ -116,7 +116,7 @@ def test_small_chunks_give_the_same_answer():
     torch.testing.assert_close(a.lse, b.lse, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU here")
+@pytest.mark.gpu
 def test_gpu_matches_cpu():
     case = synth.seed_shape()
     a = torch_ref.run(case)

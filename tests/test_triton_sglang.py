@@ -286,8 +286,7 @@ def test_interpreter_switched_off_by_hand_is_reported(source, monkeypatch):
         tb.run(synth.seed_shape())
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs compiled, not interpreted)")
+@pytest.mark.gpu  # runs compiled, not interpreted
 def test_gpu_kimi_shapes(source):
     """Kimi K2.6 on one TP8 rank: H 8, DDTree of 64 nodes, long-ish prefixes, bs 4."""
     case = synth.make_case(bs=4, prefix=[2048, 17, 0, 777], q_len=65, heads=8, tree="ddtree", seed=11)

@@ -9,8 +9,8 @@ NAME = "captured"
 
 def unavailable(case=None):
     if case is not None and getattr(case, "ref_out", None) is None:
-        return ("captured: this case holds no reference output (capture with `kdkit capture`, "
-                "whose SGLang hook stores the live Triton call's output in case.ref_out)")
+        return ("captured: this case holds no reference output (case.ref_out: the live Triton call's "
+                "output, which only a case captured from a running SGLang server carries)")
     return None
 
 
