@@ -349,6 +349,9 @@ def load(path: str | os.PathLike) -> Case:
     if not (head.startswith(b"PK") or head.startswith(b"\x80")):
         raise CaseError("<file>", f"cannot be read as a torch file (truncated or not a .pt?): it starts "
                         f"with {head!r}, not a zip (torch.save) or a pickle", path)
+    if head.startswith(b"PK"):
+        from . import ptfile  # the zip directory and the pickle, checked before torch reads them
+        ptfile.scan(path)
     try:
         rec = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:

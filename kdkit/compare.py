@@ -34,12 +34,6 @@ OUT_FLOOR_U = 4.0
 # resulting limits were 2.8u..3.4u max|ref| against a worst correct kernel (bf16 P) of 1.08u.
 PROD_FLOOR_U = 2.0
 
-# LSE floor = 2^-12 x max(1, max|ref lse|), natural-log units. A kernel's fp32 logits from bf16
-# inputs carry ~2^-22 relative error (576-term fp32 dot products, exp2/log2 with log2(e) folded in);
-# measured torch LSE error peaks at 2^-22 |lse|. 2^-12 leaves ~1000x margin and is still far below
-# what a real bug moves: a missing visible column of probability p shifts the LSE by ~p.
-LSE_FLOOR_REL = 2.0 ** -12
-
 # Against a reference that is itself a bf16 kernel (captured Triton output, another backend) rather
 # than the oracle, the triangle inequality adds that reference's own error: |a-r| <= |a-o| + |r-o|.
 # So the production term counts 3x (2x allowed for the backend + 1x for the reference) and the
@@ -70,6 +64,16 @@ class Metrics:
     ref_lse_max_abs: float | None = None               # max|b_lse| over finite entries
     ref_nonfinite: int = 0                             # entries of b that are not finite (excluded)
     empty_rows: int = 0                                # (token, head) rows whose reference sees nothing
+    # error in units of each element's bf16 spacing (see `spacing`): scale-free, so one limit
+    # holds for outputs of any size, long prefixes (small outputs) included
+    ulp_max: float = 0.0                               # max over elements
+    ulp_mean: float = 0.0                              # mean over compared elements
+    ulp_row_max: float = 0.0                           # max over (token, head) rows of the row's mean
+    ulp_row_worst: tuple = (0, 0)                      # (token, head) of that row
+    ulp_token_max: float = 0.0                         # max over tokens of the token's mean (all heads)
+    ulp_head_max: float = 0.0                          # max over heads of the head's mean (all tokens)
+    lse_ulp_max: float | None = None                   # max over rows of |dlse| / lse_unit (see `lse_unit`)
+    lse_worst: tuple = (0, 0)                          # (token, head) of that row
 
     def as_dict(self) -> dict:
         return {"max_abs": self.max_abs, "mean_abs": self.mean_abs, "rel": self.rel,
@@ -84,9 +88,54 @@ def _rel(num_sq: np.ndarray, den_sq: np.ndarray) -> np.ndarray:
         return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.where(num > 0, np.inf, 0.0))
 
 
-def metrics(out, ref, lse=None, ref_lse=None) -> Metrics:
+def spacing(ref: np.ndarray, use: np.ndarray | None = None) -> np.ndarray:
+    """The bf16 spacing (one ulp, 2^(floor(log2 x) - 7)) of x = max(|ref|, RMS of ref's row).
+
+    An element much smaller than its row's RMS (a near-zero output from cancellation) is not
+    measured in its own tiny spacing: the arithmetic that made it (fp32 sums of p*v, P rounded
+    to bf16) errs in proportion to the row's size, not the element's. [T, H, D] -> [T, H, D]."""
+    r = np.where(use, ref, 0.0) if use is not None else ref
+    n = use.sum(axis=-1, keepdims=True) if use is not None else np.full(r.shape[:-1] + (1,), r.shape[-1])
+    rms = np.sqrt((r ** 2).sum(axis=-1, keepdims=True) / np.maximum(n, 1))
+    x = np.maximum(np.abs(r), rms)
+    with np.errstate(divide="ignore"):
+        e = np.floor(np.log2(np.where(x > 0, x, 1.0)))
+    # an all-zero row: the smallest bf16 subnormal, so any error there is huge in these units
+    return np.where(x > 0, np.ldexp(1.0, (e - 7).astype(int)), 2.0 ** -133)
+
+
+def _ulp_stats(z: np.ndarray, use: np.ndarray) -> dict:
+    """Summaries of the error in bf16 spacings: max, mean, and the worst row/token/head mean."""
+    zu = np.where(use, z, 0.0)
+    n_used = int(use.sum())
+    if not n_used:
+        return {}
+    with np.errstate(invalid="ignore"):
+        row = zu.sum(axis=2) / np.maximum(use.sum(axis=2), 1)
+        tok = zu.sum(axis=(1, 2)) / np.maximum(use.sum(axis=(1, 2)), 1)
+        head = zu.sum(axis=(0, 2)) / np.maximum(use.sum(axis=(0, 2)), 1)
+    return {"ulp_max": float(zu.max()), "ulp_mean": float(zu.sum() / n_used),
+            "ulp_row_max": float(row.max()),
+            "ulp_row_worst": tuple(int(i) for i in np.unravel_index(int(np.argmax(row)), row.shape)),
+            "ulp_token_max": float(tok.max()), "ulp_head_max": float(head.max())}
+
+
+def lse_unit(ref_lse: np.ndarray, cond: np.ndarray | None, ref_lse_max: float) -> np.ndarray:
+    """[T, H] the fp32 error scale of each row's LSE: 2^-24 x (|lse| + cond).
+
+    cond (kdkit.oracle.lse_condition) is sm_scale x the probability-weighted sum_d |q_d k_jd|: an fp32
+    logit computed from 576 products errs in proportion to that, not to the logit itself (large
+    q and k that cancel), and the LSE is the weighted mean of its logits' errors plus its own
+    rounding (|lse|). Without cond, max|ref lse| over the whole output stands in for it (it is at
+    least the largest logit; looser where logits cancel)."""
+    c = cond if cond is not None else ref_lse_max
+    return 2.0 ** -24 * np.maximum(np.abs(ref_lse) + c, 1.0)
+
+
+def metrics(out, ref, lse=None, ref_lse=None, lse_cond=None) -> Metrics:
     """Compare `out` (a backend) with `ref` ([T, H, D] each; tensors or arrays) in float64.
 
+    lse_cond ([T, H], kdkit.oracle.lse_condition) sizes the LSE error scale per row (`lse_unit`).
     Entries where ref is not finite are left out (counted in ref_nonfinite; `judge` fails them).
     When ref_lse is given, rows whose reference LSE is -inf (the row sees no column: softmax is
     0/0 there and the oracle's 0 is a convention) are left out too, counted in empty_rows.
@@ -99,6 +148,7 @@ def metrics(out, ref, lse=None, ref_lse=None) -> Metrics:
         raise ValueError(f"out must be [T, H, D], got shape {a.shape}")
     T, H, D = a.shape
     la, lb = _np(lse), _np(ref_lse)
+    lse_cond = _np(lse_cond)
     use = np.isfinite(b)
     ref_nonfinite = int((~use).sum())
     empty = np.zeros((T, H), bool)
@@ -134,21 +184,62 @@ def metrics(out, ref, lse=None, ref_lse=None) -> Metrics:
                  "rel": _rel(dd.sum(axis=(1, 2)), b2.sum(axis=(1, 2)))}
     per_token_head = d.max(axis=2) if D else np.zeros((T, H))
 
-    lse_err, ref_lse_max = None, None
+    z = d / spacing(bz, use)
+    ulp = _ulp_stats(z, use)
+
+    lse_err, ref_lse_max, lse_ulp, lse_worst = None, None, None, (0, 0)
     if la is not None and lb is not None:
         if la.shape != lb.shape:
             raise ValueError(f"lse has shape {la.shape}, ref_lse has {lb.shape}")
         fin = np.isfinite(lb)
         ref_lse_max = float(np.abs(lb[fin]).max()) if fin.any() else 0.0
-        dl = np.abs(la - lb)[fin]
+        with np.errstate(invalid="ignore"):
+            dl = np.where(fin, np.abs(la - lb), 0.0)
         dl = np.where(np.isfinite(dl), dl, np.inf)
         lse_err = float(dl.max()) if dl.size else 0.0
+        r = dl / lse_unit(np.where(fin, lb, 0.0), lse_cond, ref_lse_max)
+        lse_ulp = float(r.max()) if r.size else 0.0
+        lse_worst = tuple(int(i) for i in np.unravel_index(int(np.argmax(r)), r.shape)) if r.size else (0, 0)
     return Metrics(max_abs=max_abs, mean_abs=mean_abs, rel=rel, cos_dist=cos, nonfinite=nonfinite,
                    lse_max_abs=lse_err, per_head=per_head, per_token=per_token, worst=worst,
                    per_token_head=per_token_head,
                    ref_max_abs=float(np.abs(bz).max()) if bz.size else 0.0,
                    ref_lse_max_abs=ref_lse_max, ref_nonfinite=ref_nonfinite,
-                   empty_rows=int(empty.sum()))
+                   empty_rows=int(empty.sum()), lse_ulp_max=lse_ulp, lse_worst=lse_worst, **ulp)
+
+
+# ---- the statistics a bug moves, in bf16 spacings (Metrics.ulp_*) -----------------------------
+# Error divided by each element's bf16 spacing (`spacing`): a long prefix gives small outputs, and
+# one absolute limit for the whole output (max_abs vs max|ref|) let bugs that move every element
+# by a few ulps of its own size through (issue 8: mask off by one at 8K passed at max_abs 9e-3
+# against a limit of 3.8e-2). Calibration, measured (CPU, torch backend vs the float64 oracle,
+# 60 cases of kdkit.synth.random_case: bs 1..64, prefix 0..128K, q_len 1..1025, H 1..128,
+# magnitude 1..30, logit cap, both layouts; fp32 P and P rounded to bf16 as Triton does, one
+# split and the kernel's splits), worst over all, in spacings:
+#   fp32 P:  max 0.51, worst row mean 0.21, worst token mean 0.20, worst head mean 0.17, mean 0.16
+#   bf16 P:  max 7.64, worst row mean 0.40, worst token mean 0.36, worst head mean 0.25, mean 0.22
+# (a single element can sit 7 spacings off when P is rounded and the row's output cancels; the
+# row means stay small). The limits below keep >= 2x over the worst bf16-P kernel; what they
+# catch is in the README's mutant table.
+ULP_MAX = 16.0    # any one element: 2x the worst bf16-P element
+ULP_ROW = 1.0     # a (token, head) row's mean: 2.5x the worst; a mask or KV bug moves whole rows
+ULP_GROUP = 0.75  # a token's (all heads) or a head's (all tokens) mean: 2x the worst
+ULP_MEAN = 0.5    # the whole output's mean: 2.3x the worst
+# With no LSE from the backend the output is all there is to judge (three of issue 8's bugs were
+# caught by the LSE alone), so the output limits tighten to ~1.7x over the worst correct kernel.
+NO_LSE = {"ulp_row": 0.7, "ulp_token": 0.6, "ulp_head": 0.6, "ulp_mean": 0.4}
+
+# LSE: per row, in units of its fp32 error scale 2^-24 (|lse| + cond) (`lse_unit`). Measured: 120
+# correct torch runs of the sweep above peak at 3.1 units (median 0.8; magnitude-8 logits with
+# cancelling dot products); at prefix 8K..128K with Kimi-like data a unit is ~1.7e-6 and a correct
+# row errs ~7e-7. A bug that drops one KV row of 128K with ordinary weight moves the LSE by
+# ~2.5e-5 = 15 units; a dropped draft or a shifted mask 70..150 units. 8 units: 2.6x over the worst
+# correct row, 2x under the smallest bug measured. It replaces the old 2^-12 max|lse| (~2.5e-3).
+LSE_ULPS = 8.0
+
+# With a production path each limit is k_prod x its statistic + PROD_SHARE x the floor (as
+# FlashAttention's rule: 2x the production error plus a rounding term).
+PROD_SHARE = 0.5
 
 
 @dataclass
@@ -157,10 +248,23 @@ class Verdict:
     against: str
     metrics: Metrics
     passed: bool
-    limit: float
+    limit: float                       # the max_abs limit (FlashAttention's rule)
     rule: str
     reasons: list[str]
-    lse_limit: float | None = None
+    lse_limit: float | None = None     # the LSE limit, in lse_unit's (None: no LSE compared)
+    checks: dict = field(default_factory=dict)   # name -> (value, limit); failed when value > limit
+
+    @property
+    def caught_by(self) -> list[str]:
+        """The checks that failed, worst (value/limit) first."""
+        bad = [(v / lim if lim > 0 else np.inf, n) for n, (v, lim) in self.checks.items() if not v <= lim]
+        return [n for _, n in sorted(bad, reverse=True)]
+
+    @property
+    def worst_ratio(self) -> float:
+        """max over checks of value / limit: < 1 passes; the margin of a catch is this number."""
+        r = [v / lim if lim > 0 else (np.inf if v > 0 else 0.0) for v, lim in self.checks.values()]
+        return float(max(r)) if r else 0.0
 
 
 def out_floor(ref_max_abs: float, with_production: bool = False) -> float:
@@ -168,24 +272,28 @@ def out_floor(ref_max_abs: float, with_production: bool = False) -> float:
     return (PROD_FLOOR_U if with_production else OUT_FLOOR_U) * BF16_U * ref_max_abs
 
 
-def lse_floor(ref_lse_max_abs: float) -> float:
-    return LSE_FLOOR_REL * max(1.0, ref_lse_max_abs)
+def _finite(x) -> bool:
+    return x is not None and bool(np.isfinite(x))
 
 
 def judge(backend: str, m: Metrics, ref_out=None, production: Metrics | None = None,
           against: str = "oracle") -> Verdict:
-    """Pass/fail of `backend` whose metrics against `against` are `m`.
+    """Pass/fail of `backend` whose metrics against `against` are `m`; every check must hold.
 
-    The tolerance (FlashAttention's rule, design.md "Numerics"):
+    max_abs (FlashAttention's rule, design.md "Numerics"):
         max_abs <= 2 x production.max_abs + 2^-7 max|ref|    against the oracle, production known
         max_abs <= 2^-6 max|ref|                             against the oracle, no production path
-    where production is SGLang's Triton kernel against the same oracle (what "correct" already
-    means in the server) and the max|ref| terms are bf16 rounding floors (OUT_FLOOR_U and
-    PROD_FLOOR_U say why these sizes). Against a bf16 reference instead of the oracle: 3x
-    production + 2x floor (the reference's own error adds; see the note at LSE_FLOOR_REL).
-    Also: any non-finite output where the reference is finite fails; a reference with non-finite
-    entries fails (nothing can be judged against it); the LSE is held to the same rule with its own
-    floor when both sides have it.
+      where production is SGLang's Triton kernel against the same oracle and the max|ref| terms
+      are bf16 rounding floors (OUT_FLOOR_U and PROD_FLOOR_U say why these sizes).
+    ulp_max, ulp_row, ulp_token, ulp_head, ulp_mean: the error in bf16 spacings, its worst element,
+      (token, head) row, token, head and the whole mean, each under its floor (ULP_* say why), or
+      2 x the production path's same statistic + half the floor. Without an LSE from the backend
+      the floors tighten (NO_LSE) and the verdict says so.
+    lse: each row's LSE error in units of its fp32 error scale (lse_unit) <= LSE_ULPS, or 2 x the
+      production path's + half that.
+    Against a bf16 reference instead of the oracle: 3x production + 2x floors (the reference's own
+    error adds: |a-r| <= |a-o| + |r-o|). Any non-finite output where the reference is finite
+    fails; a reference with non-finite entries fails (nothing can be judged against it).
     `ref_out` gives max|ref| for the floor; if None, m.ref_max_abs (the same number) is used.
     """
     if ref_out is not None:
@@ -196,7 +304,7 @@ def judge(backend: str, m: Metrics, ref_out=None, production: Metrics | None = N
     oracle_ref = against == "oracle"
     k_prod, k_floor = (2.0, 1.0) if oracle_ref else (3.0, 2.0)
     prod_err = production.max_abs if production is not None else None
-    has_prod = prod_err is not None and bool(np.isfinite(prod_err))
+    has_prod = _finite(prod_err)
     floor = k_floor * out_floor(ref_max, has_prod)
     floor_txt = (f"bf16 floor {floor:.2e} (= {k_floor:g} x 2^{-7 if has_prod else -6} "
                  f"x max|ref| {ref_max:.3g})")
@@ -207,37 +315,75 @@ def judge(backend: str, m: Metrics, ref_out=None, production: Metrics | None = N
         limit = floor
         how = f"{floor_txt}, no production path"
     rule = f"max_abs <= {how}"
+    no_lse = m.lse_max_abs is None
 
     reasons: list[str] = []
+    checks: dict[str, tuple[float, float]] = {}
     t, h, dd = m.worst
     where = f"worst at token {t} head {h} dim {dd}"
     if m.ref_nonfinite:
         reasons.append(f"the reference ({against}) has {m.ref_nonfinite} non-finite entries: the case "
                        "reads a NaN/inf KV row or is broken (run the lint); nothing can be judged against it")
+        checks["reference"] = (float(m.ref_nonfinite), 0.0)
     if m.nonfinite:
-        reasons.append(f"{m.nonfinite} non-finite output entries where {against} is finite; {where}")
-    elif not m.max_abs <= limit:
-        reasons.append(f"max_abs {m.max_abs:.2e} > limit {limit:.2e} = {how}; {where} "
-                       f"(mean_abs {m.mean_abs:.2e}, rel {m.rel:.2e})")
+        reasons.append(f"nonfinite: {m.nonfinite} non-finite output entries where {against} is finite; {where}")
+        checks["nonfinite"] = (float(m.nonfinite), 0.0)
+    else:
+        checks["max_abs"] = (m.max_abs, limit)
+        if not m.max_abs <= limit:
+            reasons.append(f"max_abs {m.max_abs:.2e} > limit {limit:.2e} = {how}; {where} "
+                           f"(mean_abs {m.mean_abs:.2e}, rel {m.rel:.2e})")
+
+    def scaled(floor_: float, prod_val) -> tuple[float, str]:
+        if production is not None and _finite(prod_val):
+            return (k_prod * prod_val + k_floor * PROD_SHARE * floor_,
+                    f"{k_prod:g} x production {prod_val:.3g} + {k_floor * PROD_SHARE * floor_:.3g}")
+        return k_floor * floor_, f"floor {k_floor * floor_:.3g}"
+
+    tr, hr = m.ulp_row_worst
+    ulp_checks = (
+        ("ulp_max", "ulp_max", ULP_MAX, "the worst element", where),
+        ("ulp_row", "ulp_row_max", ULP_ROW, "the worst (token, head) row's mean", f"row token {tr} head {hr}"),
+        ("ulp_token", "ulp_token_max", ULP_GROUP, "the worst token's mean over all heads", None),
+        ("ulp_head", "ulp_head_max", ULP_GROUP, "the worst head's mean over all tokens", None),
+        ("ulp_mean", "ulp_mean", ULP_MEAN, "the mean over the output", None),
+    )
+    if not m.nonfinite:
+        for name, attr, fl, what, at in ulp_checks:
+            fl = NO_LSE.get(name, fl) if no_lse else fl
+            val = getattr(m, attr)
+            lim, txt = scaled(fl, getattr(production, attr) if production is not None else None)
+            checks[name] = (val, lim)
+            if not val <= lim:
+                reasons.append(f"{name}: error in bf16 spacings, {what}, {val:.3g} > limit {lim:.3g} ({txt}"
+                               + (", tightened: no LSE" if no_lse and name in NO_LSE else "") + ")"
+                               + (f"; {at}" if at else ""))
+    rule += f"; ulp_max/row/token/head/mean <= {', '.join(f'{checks[n][1]:.3g}' for n, *_ in ulp_checks if n in checks)}"
 
     lse_limit = None
-    if m.lse_max_abs is not None:
-        lfloor = k_floor * lse_floor(m.ref_lse_max_abs or 0.0)
-        p_lse = production.lse_max_abs if production is not None else None
-        lse_limit = lfloor + (k_prod * p_lse if p_lse is not None and np.isfinite(p_lse) else 0.0)
-        rule += f"; lse_err <= {lse_limit:.2e}"
-        if not m.lse_max_abs <= lse_limit:
-            reasons.append(f"LSE max_abs {m.lse_max_abs:.2e} > limit {lse_limit:.2e} "
-                           f"(floor 2^-12 x max|lse| {m.ref_lse_max_abs or 0.0:.3g}"
-                           + (f", {k_prod:g} x production {p_lse:.2e}" if p_lse is not None else "")
-                           + "): a scale, mask or KV-coverage error, or a different LSE convention (log2?)")
+    if not no_lse:
+        lse_limit, txt = scaled(LSE_ULPS, production.lse_ulp_max if production is not None else None)
+        checks["lse"] = (m.lse_ulp_max, lse_limit)
+        rule += f"; lse <= {lse_limit:.3g} fp32 units"
+        if not m.lse_ulp_max <= lse_limit:
+            lt, lh = m.lse_worst
+            reasons.append(f"lse: error {m.lse_ulp_max:.3g} fp32 units (2^-24 (|lse| + cond)) > limit {lse_limit:.3g} "
+                           f"({txt}); max |dlse| {m.lse_max_abs:.2e}, worst at token {lt} head {lh}: a scale, "
+                           "mask or KV-coverage error, or a different LSE convention (log2?)")
+    else:
+        rule += "; no LSE from the backend: output-only rule, tighter row/token/head/mean limits"
     passed = not reasons
     if passed:
-        reasons.append(f"max_abs {m.max_abs:.2e} <= limit {limit:.2e}"
-                       + (f", LSE {m.lse_max_abs:.2e} <= {lse_limit:.2e}" if lse_limit is not None else "")
+        reasons.append(f"max_abs {m.max_abs:.2e} <= limit {limit:.2e}; worst check at "
+                       f"{max(v / l if l > 0 else 0.0 for v, l in checks.values()):.2f} of its limit"
+                       + (f"; LSE {m.lse_ulp_max:.3g} <= {lse_limit:.3g} fp32 units" if lse_limit is not None
+                          else "; no LSE from the backend: judged on the output alone (tighter limits)")
                        + (f" ({m.empty_rows} rows that see nothing not compared)" if m.empty_rows else ""))
+    elif no_lse:
+        reasons.append("no LSE from the backend: judged on the output alone (tighter limits); return the "
+                       "LSE to catch bugs that move little probability")
     return Verdict(backend=backend, against=against, metrics=m, passed=passed, limit=limit,
-                   rule=rule, reasons=reasons, lse_limit=lse_limit)
+                   rule=rule, reasons=reasons, lse_limit=lse_limit, checks=checks)
 
 
 def seed_line(label: str, m: Metrics) -> str:

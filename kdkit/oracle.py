@@ -95,3 +95,24 @@ def run(case: Case, with_probs: bool = False):
         if with_probs:
             per_req.append(RequestProbs(P, s, vis, p))
     return (out, lse, per_req) if with_probs else (out, lse)
+
+
+def lse_condition(case: Case) -> np.ndarray:
+    """[T, H] the size of the numbers a row's LSE is computed from: sm_scale x sum_j p_j sum_d |q_d k_jd|
+    (the probability-weighted absolute logit before cancellation; the tanh cap only shrinks it).
+
+    An fp32 kernel's logit s_j carries an error of about 2^-24 x sm_scale x sum_d |q_d k_jd| (a 576-term
+    fp32 dot product), and its LSE is the probability-weighted mean of those errors plus the rounding
+    of the LSE itself; kdkit.compare scales the LSE tolerance by this. Rows that see nothing: 0."""
+    T, H = case.num_tokens, case.num_heads
+    cond = np.zeros((T, H))
+    for b in range(case.batch_size):
+        qs, qe, s, V, vis, p = _request(case, b)
+        if qe == qs:
+            continue
+        K, _, _ = request_kv(case, b)
+        q = np.abs(_f64(case.q[qs:qe]))
+        a = (q.reshape(-1, q.shape[-1]) @ np.abs(_f64(K)).T).reshape(s.shape) * case.sm_scale
+        w, _ = _softmax(s)
+        cond[qs:qe] = np.nan_to_num((w * a).sum(axis=-1), nan=0.0)
+    return cond

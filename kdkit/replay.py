@@ -210,12 +210,14 @@ def replay(case, backends: str | Iterable[str], against: str = "oracle", run_lin
         raise _backends.BackendUnavailable(f"reference {against!r} did not run: {why}")
     ref = results[against][0]
 
+    # each row's LSE error scale (kdkit.compare.lse_unit) needs the logits' size: from the oracle
+    cond = _oracle.lse_condition(case) if "oracle" in results else None
     production: Metrics | None = None
     prod_name = next((p for p in PRODUCTION if p in results), None)  # ran: listed or reference
     if prod_name and "oracle" in results:
         oracle_res = results["oracle"][0]
         pres = results[prod_name][0]
-        production = metrics(pres.out, oracle_res.out, pres.lse, oracle_res.lse)
+        production = metrics(pres.out, oracle_res.out, pres.lse, oracle_res.lse, lse_cond=cond)
 
     rows: list[Row] = []
     for name in names:
@@ -226,7 +228,7 @@ def replay(case, backends: str | Iterable[str], against: str = "oracle", run_lin
             rows.append(Row(name, "error", None, 0.0, {}, errors[name]))
             continue
         res, secs = results[name]
-        m = metrics(res.out, ref.out, res.lse, ref.lse)
+        m = metrics(res.out, ref.out, res.lse, ref.lse, lse_cond=cond if against == "oracle" else None)
         # the production path is not judged against its own error: its row uses the floor alone
         v = judge(name, m, ref.out, None if name == prod_name else production, against=against)
         rows.append(Row(name, "pass" if v.passed else "fail", v, secs, dict(res.info),

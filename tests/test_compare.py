@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from kdkit import oracle, synth
+from kdkit import compare, oracle, synth
 from kdkit.backends import torch_ref
 from kdkit.compare import Metrics, judge, metrics, seed_line
 
@@ -89,7 +89,77 @@ def test_seed_line_exact():
     assert seed_line("L56", m) == "[kdkit] L56 max_abs_diff=1.6934e+00 mean=1.1948e-01 rel=1.0837e+00"
 
 
-# ---- the rule at its boundary ----------------------------------------------------------------
+# ---- bf16 spacing and the statistics in spacings ------------------------------------------------
+def test_spacing_is_the_elements_bf16_ulp_or_its_rows():
+    b = np.array([[[1.0, 1.5, 2.0, 0.75, -3.0, 0.0, 1e-3, 0.0]]])
+    rms = math.sqrt(float((b ** 2).mean()))                      # ~1.35 -> ulp 2^-7
+    sp = compare.spacing(b)
+    assert list(sp[0, 0, :5]) == [2 ** -7, 2 ** -7, 2 ** -6, 2 ** -7, 2 ** -6]
+    assert sp[0, 0, 5] == sp[0, 0, 6] == 2.0 ** (math.floor(math.log2(rms)) - 7)  # small: the row's
+    assert compare.spacing(np.zeros((1, 1, 4)))[0, 0, 0] == 2.0 ** -133       # an all-zero row
+
+
+def _ref(T=4, H=3, D=64, seed=0):
+    return np.random.default_rng(seed).standard_normal((T, H, D))
+
+
+def test_ulp_statistics_on_a_hand_made_error():
+    b = _ref()
+    sp = compare.spacing(b)
+    a = b.copy()
+    a[2, 1] += 3 * sp[2, 1]                       # one whole row off by 3 spacings
+    a[0, 0, 5] += 10 * sp[0, 0, 5]                # one element off by 10
+    m = metrics(a, b)
+    assert m.ulp_max == pytest.approx(10) and m.ulp_row_max == pytest.approx(3)
+    assert m.ulp_row_worst == (2, 1)
+    assert m.ulp_token_max == pytest.approx(3 / 3)            # token 2: one of 3 heads
+    assert m.ulp_head_max == pytest.approx(max(3 / 4, 10 / 64 / 4))
+    assert m.ulp_mean == pytest.approx((3 * 64 + 10) / b.size)
+    v = judge("k", m, b)
+    assert not v.passed and v.caught_by[0] == "ulp_row"
+    assert any(r.startswith("ulp_row: error in bf16 spacings") and "row token 2 head 1" in r for r in v.reasons)
+
+
+@pytest.mark.parametrize("name,floor", [("ulp_row", compare.ULP_ROW), ("ulp_mean", compare.ULP_MEAN)])
+def test_ulp_limits_at_their_boundary(name, floor):
+    b = _ref(T=1, H=1)
+    sp = compare.spacing(b)
+    lse = np.full((1, 1), 3.0)                    # with an LSE: the floors, not the tighter no-LSE ones
+    for k, ok in ((0.99 * floor, True), (1.01 * floor, False)):
+        m = metrics(b + k * sp, b, lse, lse)
+        assert m.ulp_row_max == pytest.approx(k) and m.ulp_mean == pytest.approx(k)
+        v = judge("k", m, b)
+        assert v.checks[name][1] == floor and (v.checks[name][0] <= floor) == ok
+
+
+def test_no_lse_is_judged_tighter_and_says_so():
+    b = _ref()
+    sp = compare.spacing(b)
+    a = b.copy()
+    a[1, 2] += 0.72 * sp[1, 2]                    # one row 0.72 spacings off: within ULP_ROW = 1
+    lse = np.full(b.shape[:2], 3.0)
+    assert judge("k", metrics(a, b, lse, lse), b).passed
+    v = judge("k", metrics(a, b), b)              # no LSE: ulp_row limit 0.7
+    assert not v.passed and "ulp_row" in v.caught_by
+    assert v.checks["ulp_row"][1] == compare.NO_LSE["ulp_row"]
+    assert "no LSE from the backend" in v.reasons[-1] and "no LSE" in v.rule
+    ok = judge("k", metrics(b + 0.1 * sp, b), b)
+    assert ok.passed and "no LSE from the backend" in ok.reasons[0]
+
+
+def test_production_scales_the_ulp_limits():
+    b = _ref(T=1, H=1)
+    sp = compare.spacing(b)
+    lse = np.full((1, 1), 3.0)
+    prod = metrics(b + 1.5 * sp, b, lse, lse)     # a production path 1.5 spacings off
+    m = metrics(b + 3.2 * sp, b, lse, lse)
+    v = judge("k", m, b, production=prod)         # limit 2 x 1.5 + 0.5 x 1.0 = 3.5
+    assert v.checks["ulp_row"][1] == pytest.approx(3.5) and v.checks["ulp_row"][0] <= 3.5
+    m = metrics(b + 3.6 * sp, b, lse, lse)
+    assert "ulp_row" in judge("k", m, b, production=prod).caught_by
+
+
+# ---- the max_abs rule at its boundary ----------------------------------------------------------
 def _pair(err: float):
     """ref with max|ref| = 4 (floor = 2^-6 x 4 = 0.0625 exactly) and one entry off by err."""
     b = np.zeros((2, 2, 4))
@@ -99,49 +169,68 @@ def _pair(err: float):
     return a, b
 
 
+def _max_abs(v):
+    return next(r for r in v.reasons if r.startswith("max_abs"))
+
+
 def test_floor_alone_boundary():
     a, b = _pair(0.0625)
     v = judge("k", metrics(a, b), b)
-    assert v.passed and v.limit == 0.0625
+    assert v.limit == 0.0625 and v.checks["max_abs"] == (0.0625, 0.0625)
     a, b = _pair(0.0626)
     v = judge("k", metrics(a, b), b)
-    assert not v.passed
-    assert v.reasons[0].startswith("max_abs 6.26e-02 > limit 6.25e-02 = bf16 floor 6.25e-02 "
-                                   "(= 1 x 2^-6 x max|ref| 4), no production path")
-    assert "worst at token 1 head 1 dim 3" in v.reasons[0]
+    assert not v.passed and "max_abs" in v.caught_by
+    assert _max_abs(v).startswith("max_abs 6.26e-02 > limit 6.25e-02 = bf16 floor 6.25e-02 "
+                                  "(= 1 x 2^-6 x max|ref| 4), no production path")
+    assert "worst at token 1 head 1 dim 3" in _max_abs(v)
 
 
 def test_production_boundary():
     prod = Metrics(max_abs=0.02, mean_abs=1e-3, rel=1e-3, cos_dist=1e-6, nonfinite=0, lse_max_abs=None)
     a, b = _pair(0.07)
-    assert not judge("k", metrics(a, b), b).passed                       # floor alone: 0.0625
+    assert "max_abs" in judge("k", metrics(a, b), b).caught_by             # floor alone: 0.0625
     v = judge("k", metrics(a, b), b, production=prod)                    # 2 x 0.02 + 2^-7 x 4
-    assert v.passed and v.limit == pytest.approx(0.07125)
+    assert "max_abs" not in v.caught_by and v.limit == pytest.approx(0.07125)
     a, b = _pair(0.0714)
     v = judge("k", metrics(a, b), b, production=prod)
-    assert not v.passed
-    assert v.reasons[0].startswith("max_abs 7.14e-02 > limit 7.13e-02 = 2 x production 2.00e-02 + "
-                                   "bf16 floor 3.12e-02 (= 1 x 2^-7 x max|ref| 4)")
+    assert "max_abs" in v.caught_by
+    assert _max_abs(v).startswith("max_abs 7.14e-02 > limit 7.13e-02 = 2 x production 2.00e-02 + "
+                                  "bf16 floor 3.12e-02 (= 1 x 2^-7 x max|ref| 4)")
     # a production path that is itself far off does not excuse much more than 2x its error
     worse = Metrics(max_abs=1.0, mean_abs=0.1, rel=0.1, cos_dist=1e-2, nonfinite=0, lse_max_abs=None)
     a, b = _pair(2.03)                                                   # limit 2 + 0.03125
-    assert judge("k", metrics(a, b), b, production=worse).passed
+    assert "max_abs" not in judge("k", metrics(a, b), b, production=worse).caught_by
     a, b = _pair(2.04)
-    assert not judge("k", metrics(a, b), b, production=worse).passed
+    assert "max_abs" in judge("k", metrics(a, b), b, production=worse).caught_by
     # against a bf16 reference (not the oracle) its own error adds: 3 x production + 2 x floor
     a, b = _pair(0.0714)
     v = judge("k", metrics(a, b), b, production=prod, against="captured")
-    assert v.passed and v.limit == pytest.approx(0.06 + 0.0625)
+    assert "max_abs" not in v.caught_by and v.limit == pytest.approx(0.06 + 0.0625)
 
 
-def test_lse_rule():
-    a, b = _pair(0.0)
-    ref_lse = np.full((2, 2), 8.0)                   # LSE floor = 2^-12 x 8 = 2^-9
-    ok = metrics(a, b, ref_lse + 2 ** -9, ref_lse)
-    assert judge("k", ok, b).passed
-    bad = metrics(a, b, ref_lse + 2 ** -8, ref_lse)
+def test_lse_rule_in_fp32_units():
+    b = _ref(T=2, H=2)
+    ref_lse = np.full((2, 2), 8.0)
+    cond = np.full((2, 2), 24.0)                   # unit = 2^-24 x (8 + 24) = 2^-19
+    unit = 2.0 ** -19
+    ok = metrics(b, b, ref_lse + 7.9 * unit, ref_lse, lse_cond=cond)
+    assert ok.lse_ulp_max == pytest.approx(7.9) and judge("k", ok, b).passed
+    bad = metrics(b, b, ref_lse + 8.1 * unit, ref_lse, lse_cond=cond)
     v = judge("k", bad, b)
-    assert not v.passed and v.reasons[0].startswith("LSE max_abs 3.91e-03 > limit 1.95e-03")
+    assert v.caught_by == ["lse"] and v.reasons[0].startswith("lse: error 8.1 fp32 units")
+    assert v.lse_limit == compare.LSE_ULPS
+    # without cond, max|ref lse| stands in for it: unit = 2^-24 x (8 + 8)
+    assert metrics(b, b, ref_lse + 7.9 * unit, ref_lse).lse_ulp_max == pytest.approx(2 * 7.9)
+
+
+def test_caught_by_and_worst_ratio():
+    b = _ref()
+    lse = np.full(b.shape[:2], 3.0)
+    v = judge("k", metrics(b, b, lse, lse), b)
+    assert v.passed and v.caught_by == [] and v.worst_ratio == 0.0
+    v = judge("k", metrics(b * 1.01, b, lse + 0.1, lse), b)
+    assert not v.passed and v.worst_ratio > 1 and set(v.caught_by) >= {"lse", "ulp_row"}
+    assert v.caught_by[0] == "lse"                 # 0.1 in the LSE is ~10^5 units: the biggest miss
 
 
 # ---- negative controls: deliberately wrong kernels must fail --------------------------------
@@ -196,13 +285,15 @@ def test_negative_controls_fail_and_the_right_kernel_passes(kw):
                 assert v.reasons and ("limit" in v.reasons[0])
 
 
-def test_long_prefix_bug_is_caught_by_the_lse():
-    """With a long prefix a prefix-only kernel moves the output little (9 of 2009 columns), within
-    the bf16 floor; the LSE check still sees the missing mass. Why kernels should return their LSE."""
+def test_long_prefix_bug_is_caught_where_one_absolute_limit_missed_it():
+    """With a long prefix a prefix-only kernel moves the output little (9 of 2009 columns): within
+    the old absolute floor (2^-6 max|ref|), but many bf16 spacings of each moved row, and far off
+    in the LSE."""
     case = synth.make_case(bs=1, prefix=2000, q_len=9, heads=8, tree="eagle")
     o, lse = oracle.run(case)
     bad = torch_ref.run(_prefix_only(case))
-    m = metrics(bad.out, o, bad.lse, lse)
+    m = metrics(bad.out, o, bad.lse, lse, lse_cond=oracle.lse_condition(case))
     v = judge("prefix-only-kv", m, o)
-    assert not v.passed and v.reasons[0].startswith("LSE max_abs")
-    assert m.max_abs < v.limit        # the output alone would have let it through
+    assert m.max_abs < v.limit                     # the old rule alone would have let it through
+    assert {"lse", "ulp_row"} <= set(v.caught_by)
+    assert "ulp_row" in judge("prefix-only-kv", metrics(bad.out, o), o).caught_by   # without LSE too

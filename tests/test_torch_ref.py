@@ -102,8 +102,29 @@ def test_registry_and_result_info():
     res = backends.run("torch", case)
     assert res.info["device"] == "cpu" and res.info["dtype"] == "bf16 out, fp32 math"
     assert res.ran.startswith("eager PyTorch") and "on cpu" in res.ran
-    with pytest.raises(TypeError, match="torch: unknown option.s. nsplit; this backend takes device"):
-        backends.run("torch", case, nsplit=4)
+    with pytest.raises(TypeError, match="torch: unknown option.s. splits; this backend takes device"):
+        backends.run("torch", case, splits=4)
+    with pytest.raises(ValueError, match="not registered"):
+        torch_ref.run(case, mutant="no-such-bug")
+
+
+@pytest.mark.parametrize("nsplit", [1, 2, 3, 7, 64])
+def test_splits_give_the_same_answer(nsplit):
+    """The split-KV path (the kernel's 32-row tiles and splits, merged by LSE) is the same
+    softmax: any split count agrees with one split to fp32 rounding, then bf16."""
+    case = synth.make_case(bs=2, prefix=[300, 70], q_len=[9, 5], heads=8, tree="ddtree", seed=3)
+    a, b = torch_ref.run(case, nsplit=1), torch_ref.run(case, nsplit=nsplit)
+    assert b.info["nsplit"] == nsplit and f"{nsplit} KV split(s)" in b.ran
+    ulp = 2.0 ** (np.floor(np.log2(float(a.out.float().abs().max()))) - 7)
+    torch.testing.assert_close(a.out.float(), b.out.float(), rtol=0, atol=ulp)
+    torch.testing.assert_close(a.lse, b.lse, rtol=1e-6, atol=1e-6)
+
+
+def test_split_bounds_are_the_kernels():
+    assert torch_ref.split_bounds(0, 4) == []
+    assert torch_ref.split_bounds(30, 4) == [(0, 30)]                       # never less than a tile
+    assert torch_ref.split_bounds(8201, 53) == [(s, min(8201, s + 160)) for s in range(0, 8201, 160)]
+    assert torch_ref.split_bounds(100, 2) == [(0, 64), (64, 100)]
 
 
 def test_small_chunks_give_the_same_answer():

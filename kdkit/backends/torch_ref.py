@@ -5,6 +5,13 @@ logit_cap > 0, SGLang's mask semantics (every prefix column visible, draft colum
 custom mask, or causal / all when there is no mask), fp32 softmax, P @ V in fp32, output cast to
 bf16 (what a production kernel writes) and LSE in fp32 [T, H].
 
+The KV of each request is cut into splits of whole 32-row tiles exactly as kdkit's kernel cuts
+it (`split_bounds`; the split count is the kernel's choice for the shape on an H200's 132 SMs,
+kdkit.kernel.schedule, unless `nsplit` is given); each split gets its own max, sum and partial
+output, merged by log-sum-exp.
+Same numbers up to fp32 rounding as one softmax over the row, and it is where the split-related
+mutants (kdkit.mutants) have something to get wrong.
+
 Only the KV rows a request references are gathered, so NaN-poisoned unreferenced pool rows are
 never touched. The case is never mutated.
 
@@ -12,17 +19,21 @@ Options:
   device      where the math runs (default: the device of case.q)
   p_bf16      round P to bf16 before P @ V, as Triton/FlashAttention-style kernels do (default
               False); used to check that the tolerance floor admits real kernels
+  nsplit      KV splits per request (default: the kernel's choice for the shape on 132 SMs)
+  mutant      plant one of kdkit.mutants.MUTANTS (a deliberately wrong build; negative control)
   chunk_elems bound on one score block (rows x heads x kv), to keep q_len 1025 x 128 heads small
 """
 from __future__ import annotations
 
 import torch
 
-from .. import layout
+from .. import layout, mutants
+from ..kernel import schedule
 from ..layout import request_kv
 from . import Result
 
 NAME = "torch"
+SM_COUNT = 132  # an H200's: the split count the kernel would choose there
 
 
 def unavailable(case=None):
@@ -34,47 +45,155 @@ def draft_visibility(case, b: int, device) -> torch.Tensor:
     return layout.draft_visibility(case, b).to(device)
 
 
-def _request(case, b, device, p_bf16, chunk_elems):
+def _visibility(case, b: int, n: int, p: int, mutant, device) -> torch.Tensor:
+    """[n, p + n] bool: which KV columns each draft row of request b sees (mutated if asked)."""
+    vd = draft_visibility(case, b, device)
+    has_mask = case.custom_mask is not None
+    if mutant == "mask-row-offset" and has_mask:
+        vd = vd[(torch.arange(n) + 1).clamp(max=n - 1)]
+    elif mutant == "mask-col-offset" and has_mask:
+        vd = vd[:, (torch.arange(n) + 1).clamp(max=n - 1)]
+    return torch.cat([torch.ones(n, p, dtype=torch.bool, device=device), vd], dim=1)
+
+
+def _queries(case, qs: int, qe: int, mutant, device) -> torch.Tensor:
+    q = case.q[qs:qe].to(device=device, dtype=torch.float32)    # [n, H, 576]
+    if mutant == "wrong-head-stride":
+        q = q.roll(-1, dims=1)                                  # head h reads head (h + 1) % H
+    return q
+
+
+def split_bounds(kv_len: int, nsplit: int) -> list[tuple[int, int]]:
+    """[(begin, end)) of each non-empty split of a request's KV, as the kernel cuts it: every split
+    but the last holds cdiv(cdiv(kv_len, nsplit), 32) tiles of 32 rows."""
+    if kv_len <= 0:
+        return []
+    span = schedule.cdiv(schedule.cdiv(kv_len, nsplit), schedule.BLOCK_N) * schedule.BLOCK_N
+    return [(s, min(kv_len, s + span)) for s in range(0, kv_len, span)]
+
+
+def _swizzled(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """bad-swizzle: tile row r = pos % 32 reads its 16-byte group g (8 dims) from
+    g ^ (r & 7) ^ ((r + 1) & 7): written with one XOR swizzle, read with another."""
+    rows, d = x.shape
+    g = torch.arange(d // 8, device=x.device)
+    key = ((pos & 7) ^ ((pos + 1) & 7)).to(x.device)
+    src = g[None, :] ^ key[:, None]                             # stays inside each aligned 8-group
+    idx = (src[..., None] * 8 + torch.arange(8, device=x.device)).reshape(rows, d)
+    return torch.gather(x, 1, idx)
+
+
+def _split_kv(K, V, b0: int, e0: int, mutant, device):
+    """K, V rows [b0, e0) of a split as the (possibly mutated) kernel would hold them, fp32."""
+    pos = torch.arange(b0, e0)
+    src = pos
+    if mutant == "skip-pipeline-wait" and e0 - b0 > schedule.BLOCK_N:
+        last = b0 + (e0 - b0 - 1) // schedule.BLOCK_N * schedule.BLOCK_N   # the split's last tile
+        src = torch.where(pos >= last, pos - schedule.BLOCK_N, pos)
+    Ks, Vs = K[src], V[src]
+    if mutant == "v-wrong-dims":
+        Vs = Ks[:, K.shape[1] - V.shape[1]:]
+    if mutant == "bad-swizzle":
+        Ks, Vs = _swizzled(Ks, pos), _swizzled(Vs, pos)
+    Ks = Ks.to(device=device, dtype=torch.float32)
+    if mutant == "skip-rope":
+        Ks = Ks.clone()
+        Ks[:, V.shape[1]:] = 0.0
+    return Ks, Vs.to(device=device, dtype=torch.float32)
+
+
+def _request(case, b, device, p_bf16, chunk_elems, nsplit, mutant):
     qs, qe = (int(x) for x in case.qo_indptr[b: b + 2])
     n, H = qe - qs, case.num_heads
-    K, V, p = request_kv(case, b)                       # referenced rows only; checks the layout rule
-    K = K.to(device=device, dtype=torch.float32)        # [kv, 576]
-    V = V.to(device=device, dtype=torch.float32)        # [kv, 512]
+    K, V, p = request_kv(case, b)                       # referenced rows only (bf16); checks the layout rule
     kv = K.shape[0]
-    vis = torch.cat([torch.ones(n, p, dtype=torch.bool, device=device),
-                     draft_visibility(case, b, device)], dim=1)  # [n, kv]
-    q = case.q[qs:qe].to(device=device, dtype=torch.float32)     # [n, H, 576]
-    out = torch.empty(n, H, V.shape[1], dtype=torch.float32, device=device)
-    lse = torch.empty(n, H, dtype=torch.float32, device=device)
+    vis = _visibility(case, b, n, p, mutant, device)    # [n, kv]
+    kv_len = kv                                         # what the kernel believes
+    if mutant == "kv-len-off-by-one":
+        kv_len = max(0, kv - 1)
+    elif mutant == "drop-last-block":
+        kv_len = kv // schedule.BLOCK_N * schedule.BLOCK_N
+    elif mutant == "prefix-only-kv":
+        kv_len = p
+    q = _queries(case, qs, qe, mutant, device)
+    scale = 1.0 if mutant == "no-scale" else case.sm_scale
+    Dv = V.shape[1]
+    out = torch.zeros(n, H, Dv, dtype=torch.float32, device=device)
+    lse = torch.full((n, H), float("-inf"), dtype=torch.float32, device=device)
+    splits = [(b0, e0, *_split_kv(K, V, b0, e0, mutant, device)) for b0, e0 in split_bounds(kv_len, nsplit)]
     rows = max(1, chunk_elems // max(1, H * kv))
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
-        s = (q[r0:r1].reshape(-1, q.shape[-1]) @ K.T).reshape(r1 - r0, H, kv) * case.sm_scale
-        if case.logit_cap > 0:
-            s = case.logit_cap * torch.tanh(s / case.logit_cap)
-        s = s.masked_fill(~vis[r0:r1, None, :], float("-inf"))
-        row_lse = torch.logsumexp(s, dim=-1)                     # -inf where a row sees nothing
-        P = torch.exp(s - torch.where(torch.isfinite(row_lse), row_lse, 0.0)[..., None])
-        if p_bf16:
-            P = P.bfloat16().float()
-        # masked columns are exactly 0 in P, but 0 * NaN would still be NaN: zero the V rows no
-        # row of this block can see (all referenced rows are finite in a sane case anyway)
-        Vb = torch.where(vis[r0:r1].any(dim=0)[:, None], V, 0.0)
-        out[r0:r1] = (P.reshape(-1, kv) @ Vb).reshape(r1 - r0, H, -1)
-        lse[r0:r1] = row_lse
+        qr = q[r0:r1].reshape(-1, q.shape[-1])
+        parts = []                                      # (m_s, l_s, o_s) per split
+        for b0, e0, Ks, Vs in splits:
+            s = (qr @ Ks.T).reshape(r1 - r0, H, e0 - b0) * scale
+            if case.logit_cap > 0:
+                s = case.logit_cap * torch.tanh(s / case.logit_cap)
+            seen = vis[r0:r1, b0:e0]
+            s = s.masked_fill(~seen[:, None, :], float("-inf"))
+            m = s.amax(dim=-1)                          # -inf where a row sees nothing here
+            P = torch.exp(s - torch.where(torch.isfinite(m), m, 0.0)[..., None])
+            l = P.sum(dim=-1)
+            if p_bf16:
+                P = P.bfloat16().float()
+            # masked columns are exactly 0 in P, but 0 * NaN would still be NaN: zero the V rows
+            # no row of this block can see (all referenced rows are finite in a sane case anyway)
+            Vb = torch.where(seen.any(dim=0)[:, None], Vs, 0.0)
+            o = (P.reshape(-1, e0 - b0) @ Vb).reshape(r1 - r0, H, Dv)
+            parts.append((m, l, o))
+        if not parts:
+            continue
+        m = torch.stack([x[0] for x in parts])          # [S, rows, H]
+        l = torch.stack([x[1] for x in parts])
+        o = torch.stack([x[2] for x in parts])          # unnormalised: sum_j exp(s_j - m_s) v_j
+        top = m.amax(dim=0)
+        top0 = torch.where(torch.isfinite(top), top, 0.0)
+        if mutant == "merge-no-rescale":
+            # the bug: each split's normalised partial weighs 1, whatever its share of the mass
+            seen = torch.isfinite(m) & (l > 0)
+            w = torch.where(seen, 1.0 / torch.where(l > 0, l, 1.0), 0.0)
+            lse_s = torch.where(seen, m + torch.log(torch.where(l > 0, l, 1.0)), float("-inf"))
+            top0 = lse_s.amax(dim=0)                    # and the LSE = max lse_s + log(splits)
+            top0 = torch.where(torch.isfinite(top0), top0, 0.0)
+        else:
+            w = torch.where(torch.isfinite(m), torch.exp(m - top0), 0.0)
+        den = (w * l).sum(dim=0)
+        num = (w[..., None] * o).sum(dim=0)
+        ok = den > 0
+        out[r0:r1] = torch.where(ok[..., None], num / torch.where(ok, den, 1.0)[..., None], 0.0)
+        lse[r0:r1] = torch.where(ok, top0 + torch.log(torch.where(ok, den, 1.0)), float("-inf"))
     return qs, qe, out, lse
 
 
-def run(case, *, device=None, p_bf16: bool = False, chunk_elems: int = 1 << 24) -> Result:
+def default_nsplit(case, sm_count: int = SM_COUNT) -> int:
+    """The kernel's split count for this case's shape on `sm_count` SMs (kdkit.kernel.schedule)."""
+    rows = max(case.q_lens, default=0) * case.num_heads
+    kv_lens = [int(pf) + n for pf, n in zip(case.prefix_lens.tolist(), case.q_lens)]
+    if not rows:
+        return 1
+    blocks = schedule.cdiv(rows, schedule.rows_per_block(rows, schedule.choose_nt(rows)))
+    return schedule.choose_nsplit(case.batch_size, blocks, max(kv_lens, default=0), sm_count,
+                                  case.num_tokens * case.num_heads)
+
+
+def run(case, *, device=None, p_bf16: bool = False, nsplit: int | None = None, mutant: str | None = None,
+        chunk_elems: int = 1 << 24) -> Result:
+    mutants.check(mutant)
+    ns = default_nsplit(case) if nsplit is None else int(nsplit)
+    if ns < 1:
+        raise ValueError(f"torch backend: nsplit={nsplit} must be >= 1")
     device = torch.device(device) if device is not None else case.q.device
     T, H, Dv = case.num_tokens, case.num_heads, case.v_head_dim
     out = torch.zeros(T, H, Dv, dtype=torch.float32, device=device)
     lse = torch.full((T, H), float("-inf"), dtype=torch.float32, device=device)
     with torch.no_grad():
         for b in range(case.batch_size):
-            qs, qe, o, l = _request(case, b, device, p_bf16, chunk_elems)
+            qs, qe, o, l = _request(case, b, device, p_bf16, chunk_elems, ns, mutant)
             out[qs:qe], lse[qs:qe] = o, l
     info = {"device": str(device), "dtype": "bf16 out, fp32 math" + (", bf16 P" if p_bf16 else ""),
+            "nsplit": ns, "mutant": mutant,
             "ran": f"eager PyTorch {torch.__version__} on {device}: fp32 math"
-                   + (", P rounded to bf16" if p_bf16 else "") + ", bf16 output"}
+                   + (", P rounded to bf16" if p_bf16 else "") + f", bf16 output, {ns} KV split(s)"
+                   + (f", MUTANT {mutant}" if mutant else "")}
     return Result(out.bfloat16(), lse, info)
