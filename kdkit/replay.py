@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import backends as _backends
+from . import oracle as _oracle
 from .compare import Metrics, Verdict, judge, metrics, seed_line
 
 # backends whose output *is* the production path (SGLang's Triton kernel), best first
