@@ -3,8 +3,10 @@ roofline measured on the same GPU in the same run.
 
 Timing: CUDA events around the launch(es) (the kernel's partial and merge together), a 256 MiB
 read before each timed call so that no KV is left in L2 (a read, not a write: a memset would leave
-L2 full of dirty lines whose write-back the next kernel pays), one warm-up, the median of the
-repetitions. The CUDA kernel is also timed under CUDA-graph replay.
+L2 full of dirty lines whose write-back the next kernel pays), then a short GPU sleep so that the
+launch is queued before the start event is reached (the events time the GPU's work, not Python's
+launch latency, which is reported apart as host_us), one warm-up, the median of the repetitions.
+The CUDA kernel is also timed under CUDA-graph replay.
 
 Roofline time of a shape = max(bytes / copy bandwidth, FLOPs / mma.sync rate): bytes = every KV
 row once (prefix + draft) x 576 x 2 + q + out; FLOPs = 2 x rows x KV length x (576 + 512) summed
@@ -14,7 +16,8 @@ mma.sync.m16n8k16 bf16 (kdkit's own microbenchmark, cuda/mma_peak.cu) are measur
 Output: one JSON file per run, benchmarks/results/<gpu>-<date>.json:
 {"gpu", "sms", "copy_gbps", "mma_tflops", "driver", "versions", "date", "rows": [{backend, bs,
 prefix, q_len, heads, nsplit, nsplit_auto, graph, us, gbps, floor_us, roofline_frac,
-speedup_vs_triton}]}.
+speedup_vs_triton, host_us}]}. The grid and the --quick subset are the "bench" and "bench-quick"
+sets of kdkit/shapes.json.
 """
 from __future__ import annotations
 
@@ -22,15 +25,19 @@ import argparse
 import datetime as _dt
 import json
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from . import shapes as _shapes
+from .constants import QK_DIM as D, V_HEAD_DIM as DV
+
 BACKENDS = ("cuda", "triton_sglang", "triton_decode", "torch")
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 FLUSH_BYTES = 256 << 20
-D, DV = 576, 512
+SLEEP_CYCLES = 200_000  # ~100 us at 2 GHz: longer than run()'s host work, so the launch is queued
 
 
 @dataclass(frozen=True)
@@ -52,26 +59,10 @@ class Shape:
         return 2 * self.bs * self.q_len * self.heads * (self.prefix + self.q_len) * (D + DV)
 
 
-# The grid of issue 9: bs 1, 8, 32; prefix 21, 1K, 8K, 32K, 128K; q_len 9, 64, 257; H 8 and 16,
-# without the corners whose KV (bs x prefix) or scores would not fit the time of one GPU command.
-QUICK = [Shape(1, 21, 9), Shape(1, 1024, 9), Shape(1, 8192, 9), Shape(1, 32768, 9), Shape(1, 131072, 9),
-         Shape(8, 8192, 9), Shape(32, 4096, 9), Shape(1, 32768, 64), Shape(4, 8192, 257)]
-
-
 def grid(quick: bool = False) -> list[Shape]:
-    if quick:
-        return list(QUICK)
-    out = []
-    for heads in (8, 16):
-        for q_len in (9, 64, 257):
-            for bs in (1, 8, 32):
-                for prefix in (21, 1024, 8192, 32768, 131072):
-                    rows = bs * q_len * heads
-                    if bs * prefix > 262144 or rows * (prefix + q_len) > 2.5e9:
-                        continue
-                    out.append(Shape(bs, prefix, q_len, heads))
-    extra = [s for s in QUICK if s not in out]
-    return extra + out
+    """The "bench" set of kdkit/shapes.json (issue 9's grid), or "bench-quick"."""
+    return [Shape(s["bs"], s["prefix"], s["q_len"], s["heads"])
+            for s in _shapes.get("bench-quick" if quick else "bench")]
 
 
 # ---- the machine's ceilings --------------------------------------------------------------------
@@ -91,8 +82,20 @@ class Timer:
             reps = int(max(5, min(50, budget_s / max(t0 * 1e-6, 1e-9))))
         return sorted(self._once(fn) for _ in range(reps))[reps // 2]
 
+    def host_us(self, fn, reps: int = 20) -> float:
+        """What one launch costs the CPU (Python, checks, the launch calls), the GPU kept busy."""
+        torch.cuda.synchronize()
+        torch.cuda._sleep(SLEEP_CYCLES * 4)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        t = (time.perf_counter() - t0) / reps * 1e6
+        torch.cuda.synchronize()
+        return t
+
     def _once(self, fn) -> float:
         self._flush()
+        torch.cuda._sleep(SLEEP_CYCLES)
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         fn()
@@ -131,9 +134,9 @@ def mma_tflops(timer: Timer, device) -> float:
 
 # ---- the backends, each a launch-only closure over device tensors ------------------------------
 def make_case(shape: Shape, seed: int = 1):
-    from . import synth
-    return synth.make_case(bs=shape.bs, prefix=shape.prefix, q_len=shape.q_len, heads=shape.heads,
-                           tree="ddtree", seed=seed, spare_rows=0, poison_unused=False)
+    return _shapes.make_case({"bs": shape.bs, "prefix": shape.prefix, "q_len": shape.q_len,
+                              "heads": shape.heads, "tree": "ddtree"},
+                             seed=seed, spare_rows=0, poison_unused=False)
 
 
 def cuda_launcher(case, x, nsplit=None):
@@ -204,12 +207,13 @@ def torch_launcher(case):
 
 
 # ---- the run -------------------------------------------------------------------------------------
-def _row(backend, shape, us, ceil, nsplit=None, auto=False, graph=False):
+def _row(backend, shape, us, ceil, nsplit=None, auto=False, graph=False, host_us=None):
     floor = max(shape.nbytes() / ceil["copy_gbps"] / 1e3, shape.flops() / ceil["mma_tflops"] / 1e6)
     return {"backend": backend, "bs": shape.bs, "prefix": shape.prefix, "q_len": shape.q_len,
             "heads": shape.heads, "nsplit": nsplit, "nsplit_auto": auto, "graph": graph,
             "us": round(us, 2), "gbps": round(shape.nbytes() / us / 1e3, 1), "floor_us": round(floor, 3),
-            "roofline_frac": round(floor / us, 4), "speedup_vs_triton": None}
+            "roofline_frac": round(floor / us, 4), "speedup_vs_triton": None,
+            "host_us": None if host_us is None else round(host_us, 1)}
 
 
 def run_grid(shapes, backends=BACKENDS, nsplits=(), graph=True, progress=True, device="cuda") -> dict:
@@ -238,7 +242,8 @@ def run_grid(shapes, backends=BACKENDS, nsplits=(), graph=True, progress=True, d
                     from .backends import cuda
                     x = cuda.to_device(case)
                     fn, p = cuda_launcher(case, x)
-                    shape_rows.append(_row(b, shape, timer.us(fn), ceil, p.nsplit, auto=True))
+                    shape_rows.append(_row(b, shape, timer.us(fn), ceil, p.nsplit, auto=True,
+                                           host_us=timer.host_us(fn)))
                     if graph:
                         shape_rows.append(_row(b, shape, timer.us(graph_of(fn)), ceil, p.nsplit, True, True))
                     for ns in nsplits:

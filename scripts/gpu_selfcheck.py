@@ -36,7 +36,8 @@ def main() -> int:
         case = synth.make_case(seed=7, **kw)
         res = cuda.run(case, **opts)
         ref, ref_lse = oracle.run(case)
-        v = compare.judge("cuda", compare.metrics(res.out, ref, res.lse, ref_lse), ref)
+        m = compare.metrics(res.out, ref, res.lse, ref_lse, lse_cond=oracle.lse_condition(case))
+        v = compare.judge("cuda", m, ref)
         bad += not v.passed
         print(f"{'ok  ' if v.passed else 'FAIL'} {name:32s} nsplit={res.info['nsplit']:<4d} {v.reasons[0]}")
     return 1 if bad else 0

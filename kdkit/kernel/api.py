@@ -28,13 +28,10 @@ def unavailable() -> str | None:
                     "CUDA GPU (`kdkit compile --arch sm_120` checks the build without one)")
         return ("no CUDA GPU visible to torch (check CUDA_VISIBLE_DEVICES and the driver); "
                 "`kdkit compile --arch sm_120` checks the build without one")
-    try:
-        import cupy  # noqa: F401
-    except ImportError:
+    from importlib.util import find_spec  # look, do not import
+    if find_spec("cupy") is None:
         return "CuPy is not installed: `pip install cupy-cuda13x` (kdkit's 'gpu' extra)"
-    try:
-        from cuda.bindings import nvrtc  # noqa: F401
-    except ImportError:
+    if find_spec("cuda") is None or find_spec("cuda.bindings") is None:
         return "NVRTC bindings missing: `pip install cuda-bindings nvidia-cuda-nvrtc` (kdkit's 'gpu' extra)"
     return None
 
@@ -138,9 +135,9 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
     sm_count = torch.cuda.get_device_properties(dev).multi_processor_count
     ns = int(nsplit) if nsplit is not None else schedule.choose_nsplit(
         sizes["bs"], blocks, sizes["max_kv_len"], sm_count, total_rows)
-    if ns > 1 and ns * total_rows * 512 * 4 > schedule.WORKSPACE_LIMIT:
-        raise InputError(f"field 'nsplit': {ns} splits x {total_rows} rows x 512 fp32 needs "
-                         f"{ns * total_rows * 2048 >> 20} MiB of workspace (limit "
+    if ns > 1 and ns * total_rows * spec.DL * 4 > schedule.WORKSPACE_LIMIT:
+        raise InputError(f"field 'nsplit': {ns} splits x {total_rows} rows x {spec.DL} fp32 needs "
+                         f"{ns * total_rows * spec.DL * 4 >> 20} MiB of workspace (limit "
                          f"{schedule.WORKSPACE_LIMIT >> 20} MiB); use fewer splits (nsplit=None chooses)")
     mod = spec.build(cfg, jit.device_arch())
     meta = mod.meta()
@@ -150,11 +147,11 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
     raw = jit.load(mod)
     partial, merge = raw.get_function(spec.PARTIAL), raw.get_function(spec.MERGE)
     partial.max_dynamic_shared_size_bytes = meta["smem_bytes"]
-    out = torch.empty(T, H, 512, dtype=torch.bfloat16, device=dev)
+    out = torch.empty(T, H, spec.DL, dtype=torch.bfloat16, device=dev)
     lse = torch.empty(T, H, dtype=torch.float32, device=dev)
     o_part = lse_part = None
     if ns > 1:
-        o_part = torch.empty(ns, total_rows, 512, dtype=torch.float32, device=dev)
+        o_part = torch.empty(ns, total_rows, spec.DL, dtype=torch.float32, device=dev)
         lse_part = torch.empty(ns, total_rows, dtype=torch.float32, device=dev)
     args = params.pack(
         qo_indptr=_ptr(qo_indptr), kv_indptr=_ptr(kv_indptr), kv_indices=_ptr(kv_indices),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ..constants import LAYOUTS, kv_indices_len
 from .spec import DL, DR
 
 D = DL + DR
@@ -38,7 +39,7 @@ def check_metadata(m) -> None:
     require(bs >= 1, "qo_indptr", "needs bs+1 >= 2 entries")
     _index(m.kv_indptr, "kv_indptr", bs + 1)
     _index(m.kv_indices, "kv_indices")
-    require(m.layout in ("sglang", "unified"), "layout", f"{m.layout!r}: 'sglang' or 'unified'")
+    require(m.layout in LAYOUTS, "layout", f"{m.layout!r}: one of {', '.join(LAYOUTS)}")
     if m.layout == "unified":
         _index(m.prefix_lens, "prefix_lens", bs)
     elif m.prefix_lens is not None:
@@ -74,7 +75,7 @@ def read_sizes(m, values: bool = True) -> dict:
     pfx = m.prefix_lens.long().cpu() if m.prefix_lens is not None else None
     if m.layout == "unified":
         if values:
-            require(bool((pool_lens == pfx + q_lens).all()), "kv_indices",
+            require(bool((pool_lens == kv_indices_len("unified", pfx, q_lens)).all()), "kv_indices",
                     "unified layout: each request needs prefix + q_len indices (prefix + out_cache_loc); "
                     "kv_indices covering only the prefix is the seed's bug (run `kdkit inspect`)")
         prefix = pfx

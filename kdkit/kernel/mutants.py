@@ -2,37 +2,31 @@
 
 Each entry redefines one hook of cuda/kd_mutants.cuh; the production build defines none, and the
 kernel calls every hook on its production path, so a mutant differs by exactly one thing. Adding a
-mutant is one line here (and a hook in kd_mutants.cuh where none fits yet). The names are shared
-with the torch backend's mutants (kdkit/mutants.py), so the CPU and the GPU plant the same bugs.
+mutant is one line here and its description in kdkit/mutants.py, the one registry of names that
+the torch backend plants too, so the CPU and the GPU plant the same bugs.
 """
 from __future__ import annotations
 
-# name -> (hook definition as `MACRO(args)`: replacement, what goes wrong)
-MUTANTS: dict[str, tuple[dict, str]] = {
-    "no-scale": ({"KD_MUT_SCALE(s)": "1.0f"}, "q.k is not multiplied by sm_scale"),
-    "mask-row-offset": ({"KD_MUT_MASK_ROW(i, n)": "((i) + 1 < (n) ? (i) + 1 : (i))"},
-                        "draft token i reads the mask row of token i + 1"),
-    "mask-col-offset": ({"KD_MUT_MASK_COL(j, n)": "((j) + 1 < (n) ? (j) + 1 : (j))"},
-                        "draft column j reads mask column j + 1"),
-    "prefix-only-kv": ({"KD_MUT_KV_LEN(len, prefix)": "(prefix)"},
-                       "the draft tokens' K/V never enter the softmax (the seed's bug)"),
-    "merge-no-rescale": ({"KD_MUT_MERGE_W(w)": "1.0f"},
-                         "the split merge averages the partials without the log-sum-exp weights"),
-    "drop-last-block": ({"KD_MUT_KV_LEN(len, prefix)": "((len) - (len) % 32)"},
-                        "the last partial block of 32 KV rows is dropped"),
-    "kv-len-off-by-one": ({"KD_MUT_KV_LEN(len, prefix)": "((len) - 1)"},
-                          "the last KV row of every request is dropped"),
-    "skip-rope": ({"KD_MUT_QK_DIMS(d)": "512"}, "the 64 rope dims never enter q.k"),
-    "v-wrong-dims": ({"KD_MUT_V_DIM0": "64"}, "V is read from dims 64..575 instead of 0..511"),
-    "wrong-head-stride": ({"KD_MUT_HEAD(h, H)": "(((h) + 1) % (H))"},
-                          "row (token, h) reads the q of head h + 1"),
-    "bad-swizzle": ({"KD_MUT_SWZ_READ(r)": "(((r) + 1) & 7)"},
-                    "the KV tile is read with a swizzle other than the one it was written with"),
-    "skip-pipeline-wait": ({"KD_MUT_COPY_STEP(last)": "(!(last))"},
-                           "the last KV tile of a split is read without its copy having landed: it "
-                           "holds the tile before it (what a skipped cp.async wait reads when the "
-                           "copy is late; a real skipped wait is a race that passes or fails by luck)"),
+from ..mutants import MUTANTS as _WHAT
+
+# name -> the hook definitions (`MACRO(args)`: replacement) that plant it
+HOOKS: dict[str, dict] = {
+    'no-scale': {"KD_MUT_SCALE(s)": "1.0f"},
+    'mask-row-offset': {"KD_MUT_MASK_ROW(i, n)": "((i) + 1 < (n) ? (i) + 1 : (i))"},
+    'mask-col-offset': {"KD_MUT_MASK_COL(j, n)": "((j) + 1 < (n) ? (j) + 1 : (j))"},
+    'prefix-only-kv': {"KD_MUT_KV_LEN(len, prefix)": "(prefix)"},
+    'merge-no-rescale': {"KD_MUT_MERGE_W(w)": "1.0f"},
+    'drop-last-block': {"KD_MUT_KV_LEN(len, prefix)": "((len) - (len) % 32)"},
+    'kv-len-off-by-one': {"KD_MUT_KV_LEN(len, prefix)": "((len) - 1)"},
+    'skip-rope': {"KD_MUT_QK_DIMS(d)": "512"},
+    'v-wrong-dims': {"KD_MUT_V_DIM0": "64"},
+    'wrong-head-stride': {"KD_MUT_HEAD(h, H)": "(((h) + 1) % (H))"},
+    'bad-swizzle': {"KD_MUT_SWZ_READ(r)": "(((r) + 1) & 7)"},
+    'skip-pipeline-wait': {"KD_MUT_COPY_STEP(last)": "(!(last))"},
 }
+assert set(HOOKS) == set(_WHAT), "kdkit/mutants.py and the kernel's hooks must list the same mutants"
+# name -> (hooks, what goes wrong)
+MUTANTS: dict[str, tuple[dict, str]] = {name: (HOOKS[name], _WHAT[name]) for name in HOOKS}
 
 
 def defines(mutant: str | None) -> dict:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..constants import KV_LORA_RANK, QK_ROPE_HEAD_DIM
 from . import jit, mutants, params
 
 SOURCE = "mla_tc.cu"
@@ -21,7 +22,7 @@ MERGE_THREADS = 128           # the merge kernel's __launch_bounds__ (static_ass
 ARCHS = ("sm_120", "sm_90", "sm_89", "sm_100", "sm_80")
 NT_CHOICES = (1, 2, 3, 4, 5)  # query n-tiles of 8 rows per block; 5 is the most that fits 99 KB
 DEFAULT_NT = 4
-DL, DR = 512, 64              # latent (= value) dims and rope dims of an MLA KV row
+DL, DR = KV_LORA_RANK, QK_ROPE_HEAD_DIM  # latent (= value) dims and rope dims of an MLA KV row
 _CTYPES = {torch.int32: "kd_i32", torch.int64: "kd_i64"}
 _SHORT = {torch.int32: "i32", torch.int64: "i64"}
 
