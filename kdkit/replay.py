@@ -61,21 +61,20 @@ class ReplayReport:
         raise KeyError(f"no row for backend {backend!r}; rows: {[r.backend for r in self.rows]}")
 
     def table(self) -> str:
+        from tabulate import tabulate
         head = ["backend", "status", "max_abs", "mean_abs", "rel", "cos_dist", "lse_err", "limit", "time"]
-        lines = [head]
+        e = (lambda x: "-" if x is None else f"{x:.2e}")
+        rows = []
         for r in self.rows:
             m = r.verdict.metrics if r.verdict else None
-            e = (lambda x: "-" if x is None else f"{x:.2e}")
-            lines.append([r.backend, r.status,
-                          e(m and m.max_abs), e(m and m.mean_abs), e(m and m.rel), e(m and m.cos_dist),
-                          e(m.lse_max_abs if m else None), e(r.verdict.limit if r.verdict else None),
-                          _fmt_time(r.seconds) if r.status in ("pass", "fail") else "-"])
-        widths = [max(len(str(row[i])) for row in lines) for i in range(len(head))]
+            rows.append([r.backend, r.status,
+                         e(m and m.max_abs), e(m and m.mean_abs), e(m and m.rel), e(m and m.cos_dist),
+                         e(m.lse_max_abs if m else None), e(r.verdict.limit if r.verdict else None),
+                         _fmt_time(r.seconds) if r.status in ("pass", "fail") else "-"])
         out = [f"{self.summary}  (against {self.against}"
-               + (f", production = {self.production})" if self.production else ", no production path)")]
-        for row in lines:
-            out.append("  ".join(str(c).ljust(w) if i < 2 else str(c).rjust(w)
-                                 for i, (c, w) in enumerate(zip(row, widths))).rstrip())
+               + (f", production = {self.production})" if self.production else ", no production path)"),
+               tabulate(rows, head, tablefmt="plain", disable_numparse=True,
+                        colalign=("left", "left") + ("right",) * (len(head) - 2))]
         for r in self.rows:
             if r.status != "pass" and r.reason:
                 # unavailable() lines already start with the backend's name

@@ -38,13 +38,9 @@ def _human(n: int) -> str:
 
 
 def _table(header: list[str], rows: list[list], right: bool = True) -> str:
-    """A plain aligned text table (no dependency on pandas or tabulate)."""
-    cells = [[str(c) for c in header]] + [[str(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    fmt = (lambda s, w: s.rjust(w)) if right else (lambda s, w: s.ljust(w))
-    lines = ["  ".join(fmt(c, w) for c, w in zip(r, widths)).rstrip() for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    from tabulate import tabulate
+    align = "right" if right else "left"
+    return tabulate(rows, header, tablefmt="simple", disable_numparse=True, stralign=align, numalign=align)
 
 
 def _at(t: torch.Tensor | None, i: int):

@@ -13,7 +13,7 @@ out=${1:-.whl}
 py=${2:-3.12}
 sglang=${SGLANG_VERSION:-0.5.15.post1}
 mkdir -p "$out"
-pkgs="papermill nbclient nbformat ipykernel nbconvert plotly ipywidgets anywidget jupytext ${WHEELHOUSE_EXTRA:-}"
+pkgs="tabulate papermill nbclient nbformat ipykernel nbconvert plotly ipywidgets anywidget jupytext ${WHEELHOUSE_EXTRA:-}"
 # already on the host image: keep them out so that pip resolves against what is installed there
 skip='^(torch|triton|numpy|cupy|nvidia-|cuda-|sympy|networkx|filelock|fsspec|jinja2|markupsafe|setuptools|typing.extensions|mpmath|pyyaml|packaging|psutil|pygments|attrs|requests|urllib3|idna|certifi|charset.normalizer|tqdm|pytest|pluggy|iniconfig|narwhals|six|python.dateutil)'
 plat=()
