@@ -23,7 +23,7 @@ from typing import Callable
 
 import torch
 
-from . import lint, shapes
+from . import lint, probes, shapes
 from .case import Case, load
 from .files import publish
 from .layout import to_unified
@@ -102,6 +102,14 @@ def _prefix_only_kv_indices() -> Case:
                    "Lint: prefix-only-kv-indices.")
 
 
+def _probe(name: str) -> Callable[[], Case]:
+    def make() -> Case:
+        case = probes.make(name)
+        case.meta.update(created=CREATED)
+        return case
+    return make
+
+
 SPECS: tuple[Bundled, ...] = (
     Bundled("seed-shape.pt", "The seed's call shape (bs 1, prefix 21, q_len 9, H 8, tree), correctly marshaled.",
             _seed_shape),
@@ -115,6 +123,11 @@ SPECS: tuple[Bundled, ...] = (
     Bundled("failures/prefix-only-kv-indices.pt",
             "Seed bug 2: unified layout with kv_indices covering only the prefix (KV 21 vs mask 9 x 30).",
             _prefix_only_kv_indices, ("prefix-only-kv-indices",), "lint-error"),
+    # probes (kdkit.probes): heavy keys where a bug would move them; the 32K/128K probes are
+    # generated at test time (too large to commit)
+    *(Bundled(f"probes/{name}.pt", f"Probe {name}: heavy keys at the draft tokens, the root, the last KV "
+              "row, tile/split boundaries and fractions of the KV length (kdkit.probes).", _probe(name))
+      for name in probes.BUNDLED),
 )
 
 
