@@ -26,6 +26,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .capture import cli as _capture_cli
+
 EXIT_OK, EXIT_PROBLEM, EXIT_BAD_INPUT = 0, 1, 2
 
 
@@ -526,6 +528,7 @@ COMMANDS: list[tuple] = [
     ("synth", add_synth, cmd_synth),
     ("compile", add_compile, cmd_compile),
     ("bench", add_bench, cmd_bench),
+    ("capture", _capture_cli.add_arguments, _capture_cli.run),
 ]
 
 

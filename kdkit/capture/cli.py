@@ -1,0 +1,97 @@
+"""`kdkit capture env` and `kdkit capture sitecustomize DIR` (kdkit/cli.py adds them as the
+`capture` subcommand: add_arguments, run). Imports neither torch nor SGLang."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import sglang_api
+from .settings import MODES, SettingsError, from_env
+
+EXIT_OK, EXIT_PROBLEM, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="capture_command", metavar="ACTION", required=True)
+    env = sub.add_parser("env", help="the KDKIT_* settings in force and the launch flags the mode needs",
+                         description=cmd_env.__doc__)
+    env.add_argument("--mode", choices=MODES, default=None,
+                     help="show the flags for this mode (default: KDKIT_MODE from the environment)")
+    env.set_defaults(_capture=cmd_env)
+    sc = sub.add_parser("sitecustomize", help="write DIR/sitecustomize.py (SGLang without the plugin system)",
+                        description=cmd_sitecustomize.__doc__)
+    sc.add_argument("dir", metavar="DIR", help="folder to write sitecustomize.py into (created if missing)")
+    sc.add_argument("--force", action="store_true", help="replace an existing DIR/sitecustomize.py")
+    sc.set_defaults(_capture=cmd_sitecustomize)
+
+
+def run(args) -> int:
+    """Hook a live SGLang server: `env` shows the settings and launch flags, `sitecustomize DIR`
+    installs the hook where SGLang has no plugin system."""
+    return args._capture(args)
+
+
+def _err(msg: str) -> None:
+    print(f"kdkit: {msg}", file=sys.stderr)
+
+
+def launch_lines(mode: str | None, release: str | None) -> list[str]:
+    """The launch command for `mode`, with the flags it needs and why."""
+    if mode is None:
+        return ["# KDKIT_MODE is unset: the plugin is installed but passes every call through.",
+                "# Set KDKIT_MODE=capture|validate|replace (or pass --mode) to see the launch flags."]
+    rel = release or f"not installed here; flags of {sglang_api.NEWEST}"
+    flags = ["--attention-backend", "triton"]
+    lines = [f"# SGLang: {rel}"]
+    if mode in ("capture", "validate"):
+        flag = sglang_api.no_graph_flag(release)
+        flags.append(flag)
+        lines.append(f"# {flag}: with CUDA graphs on, SGLang calls forward_extend only while it "
+                     "captures them (on dummy data) and replays them without Python: "
+                     f"{mode} would see no real call")
+    else:
+        lines.append("# replace keeps CUDA graphs on: kdkit's kernel is captured into them")
+    lines.append("# --attention-backend triton: kdkit hooks TritonAttnBackend.forward_extend")
+    if not sglang_api.has_plugin_system(release):
+        lines.append(f"# SGLang {release} has no plugin system (it came in {sglang_api.OLDEST}): "
+                     "run `kdkit capture sitecustomize DIR` and put DIR on PYTHONPATH")
+    lines.append(f"SGLANG_PLUGINS=kdkit KDKIT_MODE={mode} python -m sglang.launch_server "
+                 f"--model-path MODEL <your flags> {' '.join(flags)}")
+    return lines
+
+
+def cmd_env(args) -> int:
+    """Print the KDKIT_* settings in force (read from this environment exactly as the plugin will
+    read them in every SGLang process) and the sglang.launch_server flags the mode needs. Exit 2
+    with one line if a setting is bad."""
+    try:
+        s = from_env()
+    except SettingsError as e:
+        _err(f"{e} (the server would stop at start-up with this line)")
+        return EXIT_BAD_INPUT
+    print("# settings in force")
+    for line in s.describe():
+        print(line)
+    print()
+    print("# launch")
+    for line in launch_lines(args.mode or s.mode, sglang_api.release()):
+        print(line)
+    return EXIT_OK
+
+
+def cmd_sitecustomize(args) -> int:
+    """Write DIR/sitecustomize.py, which hooks SGLang in every process started with DIR on
+    PYTHONPATH (for SGLang releases without the plugin system, <= 0.5.10), and print the
+    PYTHONPATH line. Refuses to replace an existing file without --force."""
+    from . import installer
+    try:
+        path = installer.write(args.dir, force=args.force)
+    except FileExistsError:
+        _err(f"{args.dir}/{installer.FILE} exists; pass --force to replace it")
+        return EXIT_PROBLEM
+    except OSError as e:
+        _err(f"cannot write {args.dir}/{installer.FILE}: {e.strerror or e}")
+        return EXIT_BAD_INPUT
+    print(f"wrote {path}")
+    print(installer.pythonpath_line(args.dir))
+    return EXIT_OK

@@ -1,0 +1,271 @@
+"""The AROUND hook on TritonAttnBackend.forward_extend: capture, validate, replace.
+
+For a selected call (forward mode, layer, one step in KDKIT_EVERY) the hook lends the backend a
+tap in place of its `extend_attention_fwd` for the duration of that one call. forward_extend then
+does everything it always does (writes this step's K into the pool, allocates the output, picks
+the metadata) and calls the tap with the kernel's exact arguments:
+
+  capture   the real kernel runs, then its inputs and output are snapshotted for a case file;
+  validate  the real kernel runs, then kdkit's kernel on the same arguments; the seed's line is
+            logged and the case written when rel exceeds KDKIT_REL_THRESHOLD;
+  replace   kdkit's kernel writes the output instead (the real kernel runs only if kdkit's refuses).
+
+The server is never hurt: during CUDA-graph capture (and its warm-up passes) capture and validate
+pass straight through and say once why; anything kdkit raises is logged once per kind and the
+real output is returned; a full disk, a read-only folder or a reached budget stops capturing
+with one line; nothing is ever overwritten.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+import weakref
+
+import torch
+
+from .. import case as case_mod
+from .. import compare
+from . import kernels, record, sglang_api
+from .settings import Settings
+from .store import Store, Writer
+
+log = logging.getLogger("kdkit.capture")
+
+
+def _setup_logging() -> None:
+    """Lines go to stderr as written ('[kdkit] ...'), whatever SGLang did to the root logger."""
+    if not any(getattr(h, "_kdkit", False) for h in log.handlers):
+        h = logging.StreamHandler(sys.stderr)
+        h.setFormatter(logging.Formatter("%(message)s"))
+        h._kdkit = True
+        log.addHandler(h)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
+class Once:
+    """Say a thing once per key (per process)."""
+
+    def __init__(self):
+        self.seen: set = set()
+
+    def __call__(self, key, msg: str) -> None:
+        if key not in self.seen:
+            self.seen.add(key)
+            log.warning(msg)
+
+
+class _Call:
+    """What the hook decided about one forward_extend call."""
+    __slots__ = ("mode", "layer", "step", "batch", "forward_mode", "capturing", "fired")
+
+    def __init__(self, mode, layer, step, batch, forward_mode, capturing):
+        self.mode, self.layer, self.step, self.batch = mode, layer, step, batch
+        self.forward_mode, self.capturing, self.fired = forward_mode, capturing, False
+
+
+def _arg(args, kwargs, name):
+    i = sglang_api.FORWARD_EXTEND_ARGS.index(name) - 1  # args come without self
+    return args[i] if len(args) > i else kwargs.get(name)
+
+
+class Hook:
+    def __init__(self, settings: Settings):
+        _setup_logging()
+        self.s = settings
+        self.say = Once()
+        self.store = Store(settings.dir, settings.max_cases, settings.max_bytes, self.say) if settings.writes else None
+        self.writer = Writer(self.store, self._build, self._fault) if self.store else None
+        self.cuda = kernels.CudaKernel() if settings.mode == "replace" or \
+            (settings.mode == "validate" and settings.kernel == "cuda") else None
+        self.step = -1
+        self._batch = None          # weakref of the last forward batch counted as a step
+        self._rank = None
+        self._model = None
+        self.faults: dict = {}      # kind -> count
+
+    # ---- names -----------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        if self._rank is None:
+            rank, src = sglang_api.tp_rank()
+            if src != "sglang":
+                self.say("rank", f"[kdkit] TP rank from {src}: {rank} (SGLang's TP group is not built in this process)")
+            self._rank = rank
+        return self._rank
+
+    @property
+    def model(self) -> str:
+        if self._model is None:
+            self._model = self.s.model or sglang_api.model_name() or "model"
+        return self._model
+
+    def _fault(self, kind: str, e: BaseException) -> None:
+        key = (kind, type(e).__name__)
+        self.faults[key] = self.faults.get(key, 0) + 1
+        first = (str(e).splitlines() or [""])[0][:300]
+        self.say(("fault",) + key, f"[kdkit] r{self._rank if self._rank is not None else '?'}: {kind} failed: "
+                 f"{type(e).__name__}: {first}; the real output was returned (said once per kind)")
+
+    # ---- selection -------------------------------------------------------------------------
+    def _new_step(self, batch) -> bool:
+        last = self._batch() if self._batch is not None else None
+        if last is batch:
+            return False
+        try:
+            self._batch = weakref.ref(batch)
+        except TypeError:  # not weak-referenceable: fall back to identity of the live object
+            self._batch = (lambda b=batch: b)
+        self.step += 1
+        return True
+
+    def _select(self, args, kwargs) -> _Call | None:
+        s = self.s
+        layer, batch = _arg(args, kwargs, "layer"), _arg(args, kwargs, "forward_batch")
+        fmode = getattr(getattr(batch, "forward_mode", None), "name", "").lower()
+        if fmode not in s.forward_modes:
+            return None
+        layer_id = int(layer.layer_id)
+        if layer_id not in s.layers:
+            return None
+        capturing = sglang_api.in_graph_capture()
+        if capturing and s.mode != "replace":
+            self.say("graph", f"[kdkit] {fmode} runs from CUDA graphs in this server: SGLang calls "
+                     f"forward_extend only while it captures them (warm-up passes on dummy data, then "
+                     f"the capture), never at replay, so {s.mode} passes these calls through. Launch with "
+                     f"{sglang_api.no_graph_flag(sglang_api.release())} to {s.mode} real traffic.")
+            return None
+        if not capturing:
+            self._new_step(batch)
+        if s.mode != "replace":
+            if self.step % s.every:
+                return None
+            if s.mode == "capture" and self.store.stopped:
+                return None
+        return _Call(s.mode, layer_id, self.step, batch, fmode, capturing)
+
+    # ---- the hook --------------------------------------------------------------------------
+    def __call__(self, original, backend, *args, **kwargs):
+        try:
+            call = self._select(args, kwargs)
+        except Exception as e:
+            self._fault("select", e)
+            call = None
+        if call is None:
+            return original(backend, *args, **kwargs)
+        attr = sglang_api.KERNEL_ATTR
+        own = attr in vars(backend)
+        real = getattr(backend, attr)
+
+        def tap(*a, **kw):
+            return self._on_kernel(call, backend, real, a, kw)
+
+        setattr(backend, attr, tap)
+        try:
+            return original(backend, *args, **kwargs)
+        finally:
+            if own:
+                setattr(backend, attr, real)
+            else:
+                delattr(backend, attr)
+            if not call.fired:
+                self.say(("path", call.layer), f"[kdkit] forward_extend of layer {call.layer} did not call "
+                         f"{attr} (deterministic inference, DCP, fp8 prefill or a vendor verify kernel?): "
+                         "kdkit saw nothing of it")
+
+    def _on_kernel(self, c: _Call, backend, real, a, kw):
+        c.fired = True
+        try:
+            kc = record.KernelCall.bind(a, kw)
+            why = kc.unsupported()
+        except Exception as e:
+            self._fault("reading the kernel arguments", e)
+            return real(*a, **kw)
+        if why:
+            self.say(("unsupported", why[:48]), f"[kdkit] layer {c.layer}: {why}; passed through")
+            return real(*a, **kw)
+        if c.mode == "replace":
+            try:
+                self.cuda.run(kc, self._max_kv_len(backend, c, kc), c.capturing, out=kc.o)
+                return None
+            except record.Unsupported as e:
+                self.say(("unsupported", str(e)[:48]), f"[kdkit] layer {c.layer}: {e}; Triton serves it")
+            except Exception as e:
+                self._fault("replace", e)
+            return real(*a, **kw)
+        result = real(*a, **kw)
+        try:
+            if c.mode == "capture":
+                self._capture(c, kc)
+            else:
+                self._validate(c, kc, backend)
+        except record.Unsupported as e:
+            self.say(("unsupported", str(e)[:48]), f"[kdkit] layer {c.layer}: {e}; passed through")
+        except Exception as e:
+            self._fault(c.mode, e)
+        return result
+
+    # ---- the modes -------------------------------------------------------------------------
+    @staticmethod
+    def _max_kv_len(backend, c: _Call, kc: record.KernelCall) -> int:
+        """A bound on prefix + q_len from the host: the batch's seq_lens_cpu when it is real, else
+        the model's context length (what CUDA-graph buffers are sized for). Only the split count
+        depends on it, never the result."""
+        cpu = getattr(c.batch, "seq_lens_cpu", None)
+        if not c.capturing and isinstance(cpu, torch.Tensor) and cpu.numel():
+            return int(cpu.max()) + kc.max_len_extend
+        return int(getattr(backend, "max_context_len", 0) or 131072) + kc.max_len_extend
+
+    def _meta(self, c: _Call, note: str) -> dict:
+        dev = c.batch.out_cache_loc.device
+        gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+        return case_mod.new_meta("captured", model=self.model, layer_id=c.layer, tp_rank=self.rank,
+                                 step=c.step, forward_mode=c.forward_mode,
+                                 sglang_version=sglang_api.release(), gpu=gpu, note=note)
+
+    def _snapshot(self, c: _Call, kc: record.KernelCall, note: str) -> record.Snapshot:
+        return record.snapshot(kc, c.batch, self._meta(c, note), self.say)
+
+    def _submit(self, snap: record.Snapshot) -> None:
+        if not self.writer.submit(snap):
+            self.say("queue-full", f"[kdkit] the case writer is behind ({self.writer.dropped} captures "
+                     "dropped so far; the server never waits for it): capture fewer calls (KDKIT_EVERY, KDKIT_LAYERS)")
+
+    def _capture(self, c: _Call, kc: record.KernelCall) -> None:
+        if self.store.stopped:  # said once when it stopped; the writer checks the budget per file
+            return
+        self._submit(self._snapshot(c, kc, "kdkit capture: the live Triton call's inputs and output"))
+
+    def _validate(self, c: _Call, kc: record.KernelCall, backend) -> None:
+        T, H = kc.q.shape[0], kc.num_heads
+        snap = None
+        if self.s.kernel == "cuda":
+            out = self.cuda.run(kc, self._max_kv_len(backend, c, kc), capturing=False)
+        else:
+            snap = self._snapshot(c, kc, "")
+            out = kernels.torch_reference(record.build_case(snap))
+        # float64 on the host, the same numbers `kdkit replay` prints (one sync: validate is a
+        # debugging mode, it reads three numbers per selected call)
+        m = compare.metrics(out, kc.o.reshape(T, H, -1))
+        label = f"L{c.layer} r{self.rank} s{c.step}"
+        log.info(compare.seed_line(label, m))
+        failed = not (m.rel <= self.s.rel_threshold)  # NaN/inf fail too
+        if failed and self.store is not None and not self.store.stopped:
+            note = (f"kdkit validate: KDKIT_KERNEL={self.s.kernel} against the live Triton output: "
+                    f"max_abs_diff={m.max_abs:.4e} mean={m.mean_abs:.4e} rel={m.rel:.4e} "
+                    f"(threshold {self.s.rel_threshold:g})")
+            if snap is None:
+                snap = self._snapshot(c, kc, note)
+            else:
+                snap.meta["note"] = note
+            self._submit(snap)
+
+    def _build(self, snap: record.Snapshot):
+        case = record.build_case(snap)
+        m = snap.meta
+        return case, m["model"], m["layer_id"], m["tp_rank"], m["step"], snap.nbytes
+
+    def close(self) -> None:
+        """Write what is queued (bounded wait)."""
+        if self.writer is not None:
+            self.writer.drain()

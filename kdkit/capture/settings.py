@@ -1,0 +1,182 @@
+"""The plugin's settings, read from the environment (every TP worker process reads the same).
+
+A bad value raises SettingsError with one line naming the variable, the value and the fix; the
+plugin turns it into a stop at server start-up, never a crash in the middle of serving.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MODES = ("capture", "validate", "replace")
+# kdkit's kernel (cuda, the production candidate) or the eager PyTorch reference (torch: runs on
+# any device; lets validate check SGLang's Triton output on a machine without kdkit's kernel)
+KERNELS = ("cuda", "torch")
+# ForwardMode names of SGLang 0.5.11..0.5.23 (DRAFT_EXTEND was dropped after 0.5.11)
+FORWARD_MODES = ("extend", "decode", "mixed", "idle", "target_verify", "draft_extend",
+                 "draft_extend_v2", "prebuilt", "split_prefill", "dllm_extend")
+
+DEFAULT_DIR = "kdkit-captures"
+DEFAULT_FORWARD_MODES = ("target_verify",)
+# rel = ||kdkit - triton|| / ||triton||. Two correct bf16 kernels differ by a few bf16 roundings
+# (u = 2^-8 per rounding, rel ~ 0.3-0.5% on the bundled cases); 2% is several times that and far
+# below what a marshaling bug gives (the seed's bug: rel 1.08).
+DEFAULT_REL_THRESHOLD = 0.02
+
+VARS = ("KDKIT_MODE", "KDKIT_DIR", "KDKIT_LAYERS", "KDKIT_FORWARD_MODES", "KDKIT_EVERY",
+        "KDKIT_MAX_CASES", "KDKIT_MAX_BYTES", "KDKIT_REL_THRESHOLD", "KDKIT_KERNEL", "KDKIT_MODEL")
+
+
+class SettingsError(ValueError):
+    """One line: the variable, its value, what is wrong and what to write instead."""
+
+    def __init__(self, var: str, value: str, why: str):
+        self.var = var
+        super().__init__(f"{var}={value!r}: {why}")
+
+
+@dataclass(frozen=True)
+class Layers:
+    """Which layer ids are selected: None = all; else a set (from '56', '0-60:4', '1,5,9-12')."""
+    ids: frozenset | None
+    text: str
+
+    def __contains__(self, layer_id: int) -> bool:
+        return self.ids is None or layer_id in self.ids
+
+
+def parse_layers(text: str) -> Layers:
+    t = text.strip().lower()
+    if t in ("", "all", "*"):
+        return Layers(None, "all")
+    ids: set[int] = set()
+    for part in t.split(","):
+        part = part.strip()
+        m = re.fullmatch(r"(\d+)(?:-(\d+)(?::(\d+))?)?", part)
+        if not m:
+            raise SettingsError("KDKIT_LAYERS", text, f"{part!r} is not a layer spec; write a layer id "
+                                "(56), a range with an optional step (0-60:4, end included), a comma "
+                                "list of those (1,5,9-12), or all")
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) is not None else lo
+        step = int(m.group(3)) if m.group(3) is not None else 1
+        if hi < lo or step < 1:
+            raise SettingsError("KDKIT_LAYERS", text, f"{part!r}: a range runs low-high with a step >= 1 "
+                                "(0-60:4)")
+        ids.update(range(lo, hi + 1, step))
+    return Layers(frozenset(ids), text.strip())
+
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+          "t": 1000**4, "tb": 1000**4, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+def parse_bytes(var: str, text: str) -> int | None:
+    t = text.strip().lower().replace(" ", "")
+    if t in ("", "none", "unlimited"):
+        return None
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([a-z]*)", t)
+    if not m or m.group(2) not in _UNITS:
+        raise SettingsError(var, text, "want a size like 500M, 2GiB or 1048576 (bytes), or none")
+    return int(float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def _int(var: str, text: str, lo: int, default: int | None) -> int | None:
+    t = text.strip().lower()
+    if t == "":
+        return default
+    if t in ("none", "unlimited") and default is None:
+        return None
+    try:
+        val = int(t)
+    except ValueError:
+        raise SettingsError(var, text, f"want an integer >= {lo}") from None
+    if val < lo:
+        raise SettingsError(var, text, f"want an integer >= {lo}")
+    return val
+
+
+@dataclass(frozen=True)
+class Settings:
+    mode: str | None                 # None: KDKIT_MODE unset, the plugin does nothing
+    dir: Path = Path(DEFAULT_DIR)
+    layers: Layers = field(default_factory=lambda: Layers(None, "all"))
+    forward_modes: tuple = DEFAULT_FORWARD_MODES
+    every: int = 1                   # one step in N (a step = one forward batch of a selected mode)
+    max_cases: int | None = None     # case files in KDKIT_DIR (all ranks together)
+    max_bytes: int | None = None     # bytes of case files in KDKIT_DIR (all ranks together)
+    rel_threshold: float = DEFAULT_REL_THRESHOLD
+    kernel: str = "cuda"
+    model: str | None = None         # overrides the name read from the server args
+
+    @property
+    def active(self) -> bool:
+        return self.mode is not None
+
+    @property
+    def writes(self) -> bool:
+        """Modes that write case files (validate writes only the calls that fail the threshold)."""
+        return self.mode in ("capture", "validate")
+
+    def describe(self) -> list[str]:
+        """`NAME=value  # meaning` lines of the settings in force."""
+        def size(n):
+            return "none" if n is None else f"{n}"
+        return [
+            f"KDKIT_MODE={self.mode or ''}  # {'off: the plugin passes every call through' if not self.mode else self.mode}",
+            f"KDKIT_DIR={self.dir}  # case files go here (all ranks, one folder)",
+            f"KDKIT_LAYERS={self.layers.text}  # layer ids hooked",
+            f"KDKIT_FORWARD_MODES={','.join(self.forward_modes)}  # SGLang forward modes hooked",
+            f"KDKIT_EVERY={self.every}  # one step in {self.every}",
+            f"KDKIT_MAX_CASES={size(self.max_cases)}  # stop writing after this many case files in the folder",
+            f"KDKIT_MAX_BYTES={size(self.max_bytes)}  # stop writing before the folder's case files pass this",
+            f"KDKIT_REL_THRESHOLD={self.rel_threshold:g}  # validate writes the case when rel exceeds it",
+            f"KDKIT_KERNEL={self.kernel}  # what validate/replace run: cuda (kdkit's kernel) or torch (reference)",
+            f"KDKIT_MODEL={self.model or ''}  # model name in file names (default: from the server args)",
+        ]
+
+
+def from_env(env=None) -> Settings:
+    """Read the KDKIT_* variables; raises SettingsError on the first bad one."""
+    env = os.environ if env is None else env
+    mode = env.get("KDKIT_MODE", "").strip().lower() or None
+    if mode is not None and mode not in MODES:
+        raise SettingsError("KDKIT_MODE", env["KDKIT_MODE"], f"choose one of {', '.join(MODES)} (or unset it)")
+    fm_text = env.get("KDKIT_FORWARD_MODES", "")
+    fms = tuple(s.strip().lower() for s in fm_text.split(",") if s.strip()) or DEFAULT_FORWARD_MODES
+    bad = [f for f in fms if f not in FORWARD_MODES]
+    if bad:
+        raise SettingsError("KDKIT_FORWARD_MODES", fm_text, f"{bad[0]!r} is not an SGLang forward mode; "
+                            f"choose from {', '.join(FORWARD_MODES)}")
+    rel_text = env.get("KDKIT_REL_THRESHOLD", "").strip()
+    try:
+        rel = float(rel_text) if rel_text else DEFAULT_REL_THRESHOLD
+    except ValueError:
+        rel = -1.0
+    if not (math.isfinite(rel) and rel >= 0):
+        raise SettingsError("KDKIT_REL_THRESHOLD", rel_text, "want a number >= 0, e.g. 0.02")
+    kernel = env.get("KDKIT_KERNEL", "").strip().lower() or "cuda"
+    if kernel not in KERNELS:
+        raise SettingsError("KDKIT_KERNEL", env["KDKIT_KERNEL"], f"choose one of {', '.join(KERNELS)}")
+    if mode == "replace" and kernel != "cuda":
+        raise SettingsError("KDKIT_KERNEL", kernel, "replace serves kdkit's CUDA kernel only (the torch "
+                            "reference syncs with the host and cannot run inside CUDA graphs); unset it")
+    dir_text = env.get("KDKIT_DIR", "").strip()
+    model = env.get("KDKIT_MODEL", "").strip() or None
+    if model is not None and not re.fullmatch(r"[A-Za-z0-9._+-]+", model):
+        raise SettingsError("KDKIT_MODEL", model, "letters, digits and . _ + - only (it goes into file names)")
+    return Settings(
+        mode=mode,
+        dir=Path(dir_text).expanduser() if dir_text else Path(DEFAULT_DIR),
+        layers=parse_layers(env.get("KDKIT_LAYERS", "")),
+        forward_modes=fms,
+        every=_int("KDKIT_EVERY", env.get("KDKIT_EVERY", ""), 1, 1),
+        max_cases=_int("KDKIT_MAX_CASES", env.get("KDKIT_MAX_CASES", ""), 0, None),
+        max_bytes=parse_bytes("KDKIT_MAX_BYTES", env.get("KDKIT_MAX_BYTES", "")),
+        rel_threshold=rel,
+        kernel=kernel,
+        model=model,
+    )
