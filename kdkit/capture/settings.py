@@ -166,8 +166,9 @@ def from_env(env=None) -> Settings:
                             "reference syncs with the host and cannot run inside CUDA graphs); unset it")
     dir_text = env.get("KDKIT_DIR", "").strip()
     model = env.get("KDKIT_MODEL", "").strip() or None
-    if model is not None and not re.fullmatch(r"[A-Za-z0-9._+-]+", model):
-        raise SettingsError("KDKIT_MODEL", model, "letters, digits and . _ + - only (it goes into file names)")
+    if model is not None and not re.fullmatch(r"[A-Za-z0-9._+/-]+", model):
+        raise SettingsError("KDKIT_MODEL", model, "letters, digits and . _ + - / only (its last part goes into "
+                            "file names, as with --served-model-name org/name)")
     return Settings(
         mode=mode,
         dir=Path(dir_text).expanduser() if dir_text else Path(DEFAULT_DIR),

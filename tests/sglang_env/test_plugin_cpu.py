@@ -1,0 +1,263 @@
+"""The plugin on SGLang's real code path, on a CPU (Triton under TRITON_INTERPRET=1).
+
+Each scenario is a fresh process (tests/sglang_env/scenario.py) that loads the plugin through
+SGLang's own load_plugins() and entry point, with the KDKIT_* settings in its environment, then
+calls the real TritonAttnBackend.forward_extend on real TARGET_VERIFY batches (harness.py) in
+both metadata layouts, and compares every output with the unhooked forward_extend's, bitwise.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import multiprocessing as mp
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU half (the GPU half: test_plugin_gpu.py)")
+
+NEWEST = "0.5.23"
+
+
+def _env(**kw) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KDKIT_") and k != "SGLANG_PLUGINS"}
+    env["TRITON_INTERPRET"] = "1"
+    env["SGLANG_PLUGINS"] = "kdkit"
+    env.update({k: str(v) for k, v in kw.items()})
+    return env
+
+
+def _start(spec: dict, env: dict) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(HERE / "scenario.py"), json.dumps(spec)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+
+
+def _finish(p: subprocess.Popen, rc=0):
+    out, err = p.communicate(timeout=600)
+    assert (p.returncode == 0) == (rc == 0), f"rc {p.returncode}\n{err[-3000:]}\n{out[-2000:]}"
+    lines = [ln for ln in err.splitlines() if ln.startswith("[kdkit]")]
+    res = None
+    for ln in out.splitlines():
+        if ln.startswith("RESULT "):
+            res = json.loads(ln[len("RESULT "):])
+    return res, lines, err
+
+
+def run(spec: dict, rc=0, **env):
+    return _finish(_start(spec, _env(**env)), rc)
+
+
+def _all_equal(res) -> None:
+    assert res["hooked"], "load_plugins() did not hook forward_extend"
+    bad = [c for c in res["calls"] if not c["equal"]]
+    assert not bad, f"the hook changed the server's output: {bad}"
+
+
+def _kdkit(*args):
+    return subprocess.run([sys.executable, "-m", "kdkit.cli", *map(str, args)], capture_output=True, text=True,
+                          cwd=ROOT, env=_env())
+
+
+# ---- the plugin as SGLang sees it ---------------------------------------------------------------
+def test_entry_point_is_what_load_plugins_calls():
+    eps = {ep.name: ep for ep in importlib.metadata.entry_points(group="sglang.srt.plugins")}
+    assert eps["kdkit"].value == "kdkit.capture.plugin:register"
+    from kdkit.capture import plugin
+    assert eps["kdkit"].load() is plugin.register
+
+
+# ---- capture ------------------------------------------------------------------------------------
+CAPTURE_STEPS = [
+    {"layout": "eager", "seed": 0},                      # step 0
+    {"layout": "graph", "seed": 0},                      # step 1: same data, CUDA-graph buffers
+    {"layout": "eager", "seed": 2, "forward_mode": "DRAFT_EXTEND_V2"},  # the draft model: not hooked
+    {"layout": "graph", "seed": 3, "graph_capture": True},  # inside SGLang's capture mode
+]
+
+
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory):
+    d = tmp_path_factory.mktemp("capture")
+    res, lines, _ = run({"steps": CAPTURE_STEPS}, KDKIT_MODE="capture", KDKIT_LAYERS="1", KDKIT_DIR=d)
+    return d, res, lines
+
+
+def test_capture_writes_one_case_per_selected_call(captured):
+    d, res, lines = captured
+    _all_equal(res)
+    assert sorted(p.name for p in d.iterdir()) == ["model-L1-r0-s0.pt", "model-L1-r0-s1.pt"]
+    graph = [ln for ln in lines if "runs from CUDA graphs" in ln]
+    assert len(graph) == 1 and "--disable-decode-cuda-graph" in graph[0], lines
+    assert not res["faults"] and res["stopped"] is None
+
+
+def test_captured_cases_are_lint_clean_and_replay_bitwise(captured):
+    from kdkit import case as case_mod
+    from kdkit.backends import triton_sglang
+    d, _, _ = captured
+    for f in sorted(d.iterdir()):
+        r = _kdkit("inspect", f)
+        assert r.returncode == 0 and "lint: clean" in r.stdout, r.stdout[-2000:] + r.stderr
+        c = case_mod.load(f)
+        assert c.meta["source"] == "captured" and c.meta["layer_id"] == 1 and c.meta["tp_rank"] == 0
+        assert c.meta["forward_mode"] == "target_verify" and c.meta["sglang_version"] == NEWEST
+        assert c.meta["case_id"] == f.stem and c.meta["model"] == "model"
+        res = triton_sglang.run(c)
+        assert res.info["sglang_release"] == NEWEST
+        assert torch.equal(res.out, c.ref_out), f"{f.name}: replay does not reproduce the captured output"
+    r = _kdkit("replay", d / "model-L1-r0-s1.pt", "--backends", "triton_sglang,oracle", "--against", "captured")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr
+    assert re.search(r"triton_sglang\s+pass\s+0\.00e\+00", r.stdout), r.stdout
+
+
+def test_graph_layout_case_equals_the_eager_one(captured):
+    """Same batch, CUDA-graph buffers (over-sized kv_indices and uint8 mask with stale entries):
+    the case keeps only what the call reads, so it equals the eager capture."""
+    from kdkit import case as case_mod, layout, synth
+    d, _, _ = captured
+    eager, graph = (case_mod.load(d / f"model-L1-r0-s{s}.pt") for s in (0, 1))
+    for name in ("q", "k", "v", "kv_buffer", "kv_indices", "out_cache_loc", "slot_ids", "prefix_lens",
+                 "ref_out", "mask_indptr"):
+        a, b = getattr(eager, name), getattr(graph, name)
+        if a.is_floating_point():  # row 0, the scratch slot, is NaN in this pool: equal_nan
+            assert torch.allclose(a, b, rtol=0, atol=0, equal_nan=True), name
+        else:
+            assert torch.equal(a.long(), b.long()), name
+    assert eager.custom_mask.dtype == torch.bool and graph.custom_mask.dtype == torch.uint8
+    assert torch.equal(eager.custom_mask, graph.custom_mask.bool())
+    # the compaction is kdkit.layout.compact's: row 0, then the referenced slots in order
+    src = synth.make_case(bs=2, prefix=[13, 5], q_len=9, heads=4, tree="ddtree", seed=0, keep_pool=True,
+                          sm_scale=0.1352)
+    _, idx, loc, slots = layout.compact(src.kv_buffer, src.kv_indices, src.out_cache_loc)
+    assert torch.equal(eager.slot_ids, slots) and torch.equal(eager.kv_indices.long(), idx.long())
+    assert torch.equal(eager.out_cache_loc.long(), loc.long())
+    # the pool rows the call read, draft rows as forward_extend wrote them (= k)
+    assert torch.equal(eager.kv_buffer[eager.out_cache_loc.long()], eager.k)
+
+
+# ---- validate -----------------------------------------------------------------------------------
+def test_validate_logs_each_call_and_writes_the_failures(tmp_path):
+    steps = [{"layout": "eager"}, {"layout": "graph"}, {"layout": "eager", "inject": "raise"},
+             {"layout": "graph", "inject": "perturb"}]
+    res, lines, _ = run({"steps": steps}, KDKIT_MODE="validate", KDKIT_KERNEL="torch", KDKIT_DIR=tmp_path)
+    _all_equal(res)
+    seed = [ln for ln in lines if re.fullmatch(r"\[kdkit\] L[01] r0 s\d max_abs_diff=\S+ mean=\S+ rel=\S+", ln)]
+    assert [ln.split()[1:4] for ln in seed] == [["L0", "r0", "s0"], ["L1", "r0", "s0"], ["L0", "r0", "s1"],
+                                               ["L1", "r0", "s1"], ["L0", "r0", "s3"], ["L1", "r0", "s3"]], lines
+    rels = [float(ln.rsplit("rel=", 1)[1]) for ln in seed]
+    assert max(rels[:4]) < 0.02 and min(rels[4:]) > 0.4, rels  # torch reference vs Triton; then the wrong scale
+    faults = [ln for ln in lines if "validate failed: RuntimeError: injected fault" in ln]
+    assert len(faults) == 1, lines  # two layers failed, said once
+    assert res["faults"] == {"validate:RuntimeError": 2}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model-L0-r0-s3.pt", "model-L1-r0-s3.pt"]
+    from kdkit import case as case_mod
+    c = case_mod.load(tmp_path / "model-L0-r0-s3.pt")
+    assert "rel=5.00" in c.meta["note"] and "KDKIT_KERNEL=torch" in c.meta["note"]
+
+
+# ---- never hurts the server ---------------------------------------------------------------------
+def test_budget_full_disk_unusable_folder_and_no_overwrite(tmp_path):
+    two = {"steps": [{"layout": "eager"}, {"layout": "graph"}]}
+    d_cases, d_bytes, d_full = tmp_path / "cases", tmp_path / "bytes", tmp_path / "full"
+    d_cases.mkdir()
+    precious = d_cases / "model-L1-r0-s0.pt"
+    precious.write_bytes(b"precious: not a case, must survive")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    procs = [
+        _start(two, _env(KDKIT_MODE="capture", KDKIT_LAYERS="1", KDKIT_DIR=d_cases, KDKIT_MAX_CASES=2)),
+        _start(two, _env(KDKIT_MODE="capture", KDKIT_DIR=d_bytes, KDKIT_MAX_BYTES="100K")),
+        _start({"steps": [{"layout": "eager", "inject": "enospc"}, {"layout": "graph", "inject": "enospc"}]},
+               _env(KDKIT_MODE="capture", KDKIT_DIR=d_full)),
+        _start(two, _env(KDKIT_MODE="capture", KDKIT_DIR=blocker / "sub")),
+    ]
+    (cases, l_cases, _), (by, l_bytes, _), (full, l_full, _), (unusable, l_unusable, _) = [_finish(p) for p in procs]
+    for res in (cases, by, full, unusable):
+        _all_equal(res)
+        assert not res["faults"], res["faults"]
+
+    # the existing file is kept, the new case goes beside it; then the count budget stops it
+    assert precious.read_bytes().startswith(b"precious")
+    assert sorted(p.name for p in d_cases.iterdir()) == ["model-L1-r0-s0-2.pt", "model-L1-r0-s0.pt"]
+    assert [ln for ln in l_cases if "stopped" in ln] == [
+        f"[kdkit] capturing stopped: KDKIT_MAX_CASES=2 reached (2 case files in {d_cases})"]
+
+    assert list(d_bytes.iterdir()) == []
+    stop = [ln for ln in l_bytes if "stopped" in ln]
+    assert len(stop) == 1 and "KDKIT_MAX_BYTES=100000 reached" in stop[0]
+
+    assert list(d_full.iterdir()) == []
+    stop = [ln for ln in l_full if "stopped" in ln]
+    assert len(stop) == 1 and "No space left on device (errno ENOSPC)" in stop[0], l_full
+
+    stop = [ln for ln in l_unusable if "stopped" in ln]
+    assert len(stop) == 1 and "cannot create" in stop[0] and unusable["written"] == []
+
+
+def test_ranks_are_separate_spawned_processes_writing_one_folder(tmp_path):
+    import scenario
+    ctx = mp.get_context("spawn")  # as SGLang starts its TP workers
+    env = {k: v for k, v in _env(KDKIT_MODE="capture", KDKIT_LAYERS="0", KDKIT_DIR=tmp_path,
+                                 KDKIT_MODEL="moonshotai/Kimi-K2.6").items()}
+    procs = []
+    for rank in range(2):
+        out = tmp_path.parent / f"rank{rank}.json"
+        p = ctx.Process(target=scenario.spawn_entry, args=({"rank": rank, "world": 2,
+                                                           "steps": [{"layout": "eager"}]}, env, str(out)))
+        p.start()
+        procs.append((p, out))
+    for p, _ in procs:
+        p.join(600)
+        assert p.exitcode == 0
+    for _, out in procs:
+        _all_equal(json.loads(out.read_text()))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["Kimi-K2.6-L0-r0-s0.pt", "Kimi-K2.6-L0-r1-s0.pt"]
+
+
+@pytest.mark.parametrize("env, line", [
+    ({"KDKIT_MODE": "replace"}, "KDKIT_MODE=replace needs kdkit's CUDA kernel: "),
+    ({"KDKIT_MODE": "validate"}, "KDKIT_MODE=validate needs kdkit's CUDA kernel: "),
+    ({"KDKIT_MODE": "capture", "KDKIT_LAYERS": "60-0"}, "KDKIT_LAYERS='60-0': '60-0': a range runs low-high"),
+    ({"KDKIT_MODE": "captur"}, "KDKIT_MODE='captur': choose one of capture, validate, replace"),
+    ({"KDKIT_MODE": "capture", "KDKIT_MAX_BYTES": "lots"}, "KDKIT_MAX_BYTES='lots': want a size like"),
+])
+def test_bad_settings_stop_start_up_with_one_line(env, line):
+    """replace needs kdkit's CUDA kernel: on a CPU it refuses at start-up, before serving."""
+    res, _, err = run({"steps": [{"layout": "eager"}]}, rc=1, **env)
+    assert res is None
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("[kdkit] stopping SGLang at start-up: " + line), err[-2000:]
+    assert "Traceback" not in err
+
+
+def test_sitecustomize_hooks_where_the_plugin_system_does_not(tmp_path):
+    """SGLANG_PLUGINS names another plugin, so load_plugins() skips kdkit (as a release without
+    the plugin system would); the sitecustomize.py on PYTHONPATH hooks it instead."""
+    site = tmp_path / "site"
+    r = _kdkit("capture", "sitecustomize", site)
+    assert r.returncode == 0 and (site / "sitecustomize.py").is_file()
+    assert r.stdout.splitlines()[-1] == f'export PYTHONPATH={site.resolve()}"${{PYTHONPATH:+:$PYTHONPATH}}"'
+    assert _kdkit("capture", "sitecustomize", site).returncode == 1  # never over an existing file
+    d = tmp_path / "cases"
+    env = _env(KDKIT_MODE="capture", KDKIT_LAYERS="1", KDKIT_DIR=d, SGLANG_PLUGINS="someone-else",
+               PYTHONPATH=f"{site}:{os.environ.get('PYTHONPATH', '')}")
+    res, lines, _ = _finish(_start({"steps": [{"layout": "eager"}]}, env))
+    _all_equal(res)
+    assert sorted(p.name for p in d.iterdir()) == ["model-L1-r0-s0.pt"]
+
+
+def test_capture_env_names_the_installed_release_flags():
+    r = subprocess.run([sys.executable, "-m", "kdkit.cli", "capture", "env"], capture_output=True, text=True,
+                       env=_env(KDKIT_MODE="validate", KDKIT_LAYERS="0-60:4"), cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert "KDKIT_LAYERS=0-60:4" in r.stdout and f"# SGLang: {NEWEST}" in r.stdout
+    assert r.stdout.strip().splitlines()[-1].endswith("--attention-backend triton --disable-decode-cuda-graph")
