@@ -4,8 +4,18 @@ VENV ?= .venv
 # SGLang's release whose Triton kernel source the triton_sglang backend loads (installed --no-deps:
 # kdkit reads the kernel files, it never imports the SGLang server). SGLANG= skips it.
 SGLANG ?= sglang==0.5.15.post1
-SGLANG_LAYOUTS ?= 0.5.10 0.5.15.post1 0.5.16 0.5.23
+SGLANG_LAYOUTS ?= 0.5.10 0.5.11 0.5.15.post1 0.5.16 0.5.23
 PYTEST_ARGS ?=
+# Second environment for the capture plugin's tests on SGLang's real code path (tests/sglang_env):
+# the newest supported SGLang --no-deps, the pure-Python packages its attention backend imports,
+# kdkit --no-deps (its entry point), and a stand-in for torchvision (its wheel needs a CUDA torch).
+# SGLANG_ENV= skips it (the default with VENV=: GPU hosts without internet).
+SGLANG_NEWEST ?= 0.5.23
+SGLANG_ENV ?= $(if $(strip $(VENV)),.venv-sglang,)
+SGLANG_ENV_PKGS = triton numpy pytest orjson psutil pybase64 requests pillow starlette tqdm IPython \
+	aiohttp dill einops gguf huggingface_hub msgspec openai==2.8.0 partial_json_parser pydantic regex \
+	safetensors sentencepiece==0.2.1 pyzmq transformers==5.19.0 compressed-tensors==0.18.0 loguru \
+	apache-tvm-ffi==0.1.11
 
 ifeq ($(strip $(VENV)),)
 PY := python3
@@ -20,6 +30,7 @@ endif
 KDKIT := $(if $(DEMO_STAMP),$(VENV)/bin/kdkit,$(PY) -m kdkit.cli)
 say = @echo "kdkit: $(1)"
 comma := ,
+SG_STAMP := $(if $(strip $(SGLANG_ENV)),$(SGLANG_ENV)/.kdkit-installed,)
 
 .PHONY: demo test bundled clean
 
@@ -27,8 +38,9 @@ comma := ,
 demo: $(DEMO_STAMP)
 	$(KDKIT) replay data/captured_tensors/seed-shape.pt --backends all --allow-skip --report reports/demo.html --force
 
-test: $(TEST_STAMP)
+test: $(TEST_STAMP) $(SG_STAMP)
 	$(PY) -m pytest tests -q --durations=15 $(PYTEST_ARGS)
+	if [ -n "$(SG_STAMP)" ]; then KDKIT_SGLANG_ENV=1 $(SGLANG_ENV)/bin/python -m pytest tests/sglang_env -q --durations=5 $(PYTEST_ARGS); fi
 
 # rebuilds data/captured_tensors; refuses to overwrite unless FORCE=1
 bundled: $(DEMO_STAMP)
@@ -58,6 +70,20 @@ $(TEST_STAMP): $(DEMO_STAMP)
 	$(PY) -m pip install -q -e '.[dev]'
 	$(call say,[2/2] downloading SGLang $(SGLANG_LAYOUTS) wheels for the loader tests into .cache/wheels)
 	for v in $(SGLANG_LAYOUTS); do $(PY) -m pip download -q --no-deps -d .cache/wheels "sglang==$$v" || true; done
+	touch $@
+endif
+
+ifneq ($(SG_STAMP),)
+$(SG_STAMP): pyproject.toml Makefile $(TEST_STAMP)
+	$(call say,[1/3] creating $(SGLANG_ENV) (SGLang $(SGLANG_NEWEST) for the capture plugin's tests) with torch 2.13.0)
+	test -x $(SGLANG_ENV)/bin/python || python3 -m venv $(SGLANG_ENV)
+	$(SGLANG_ENV)/bin/python -m pip install -q torch==2.13.0
+	$(call say,[2/3] installing the pure-Python packages SGLang's attention backend imports (a few minutes on a cold cache))
+	$(SGLANG_ENV)/bin/python -m pip install -q $(SGLANG_ENV_PKGS)
+	$(call say,[3/3] installing SGLang $(SGLANG_NEWEST) and kdkit without their dependencies)
+	$(SGLANG_ENV)/bin/python -m pip install -q --no-deps --find-links .cache/wheels 'sglang==$(SGLANG_NEWEST)'
+	$(SGLANG_ENV)/bin/python -m pip install -q --no-deps -e .
+	$(SGLANG_ENV)/bin/python -c 'import site; print("$(CURDIR)/tests/sglang_env/standins", file=open(site.getsitepackages()[0] + "/kdkit-standins.pth", "w"))'
 	touch $@
 endif
 
