@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import tempfile
 from pathlib import Path
 
 FILE = "sitecustomize.py"
@@ -38,25 +37,8 @@ def render() -> str:
 
 def write(folder: str | os.PathLike, force: bool = False) -> Path:
     """Write DIR/sitecustomize.py; FileExistsError unless force (then it is replaced atomically)."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / FILE
-    text = render()
-    if not force:
-        with open(path, "x", encoding="utf-8") as fh:  # exclusive: never over an existing file
-            fh.write(text)
-        return path
-    fd, tmp = tempfile.mkstemp(prefix=f".{FILE}.", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    from ..files import publish
+    return publish(Path(folder) / FILE, render(), overwrite=force)
 
 
 def pythonpath_line(folder: str | os.PathLike) -> str:

@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import case as case_mod
+from ..constants import FLOAT_DTYPES, KV_LORA_RANK, QK_DIM, V_HEAD_DIM
 from . import sglang_api
 
-MLA_QK, MLA_V = 576, 512
+MLA_QK, MLA_V = QK_DIM, V_HEAD_DIM
 
 
 class Unsupported(Exception):
@@ -86,7 +87,7 @@ class KernelCall:
         if self.k_buffer.dim() != 3 or tuple(self.k_buffer.shape[1:]) != (1, MLA_QK):
             return f"pool of shape {tuple(self.k_buffer.shape)}, kdkit handles [N, 1, {MLA_QK}] (MLATokenToKVPool)"
         dts = {t.dtype for t in (self.q, self.k, self.v, self.k_buffer)}
-        if not dts <= set(case_mod.FLOAT_DTYPES):
+        if not dts <= set(FLOAT_DTYPES):
             return f"dtypes {sorted(map(str, dts))}: kdkit records bf16/fp16/fp32 (fp8 KV is not handled)"
         if self.k_scale != 1.0 or self.v_scale != 1.0:
             return f"k_scale={self.k_scale}, v_scale={self.v_scale}: scaled (fp8) KV is not handled"
@@ -161,20 +162,20 @@ def snapshot(call: KernelCall, forward_batch, meta: dict, say) -> Snapshot:
     dev_tensors = {
         "q": call.q, "k": call.k, "v": call.v, "o": call.o, "rows": rows, "slots": slots,
         "qo_indptr": call.qo_indptr[: bs + 1], "kv_indptr": call.kv_indptr[: bs + 1],
-        "kv_indices_dtype": None, "out_cache_loc": loc,
+        "out_cache_loc": loc,
         "custom_mask": call.custom_mask.reshape(-1)[:n_mask] if call.custom_mask is not None else None,
         "mask_indptr": call.mask_indptr[: bs + 1] if call.mask_indptr is not None else None,
         "prefix_lens": seq_lens.reshape(-1)[:bs] if isinstance(seq_lens, torch.Tensor) and seq_lens.numel() >= bs else None,
     }
     cuda = dev.type == "cuda"
     host = {k: (_host_copy(t, cuda) if isinstance(t, torch.Tensor) else t) for k, t in dev_tensors.items()}
-    host["kv_indices_dtype"] = call.kv_indices.dtype
     event = None
     if cuda:
         event = torch.cuda.Event()
         event.record()
     nbytes = sum(t.numel() * t.element_size() for t in host.values() if isinstance(t, torch.Tensor))
-    params = {"num_heads": call.num_heads, "sm_scale": call.sm_scale, "logit_cap": call.logit_cap,
+    params = {"kv_indices_dtype": call.kv_indices.dtype, "num_heads": call.num_heads,
+              "sm_scale": call.sm_scale, "logit_cap": call.logit_cap,
               "causal": call.causal, "max_len_extend": call.max_len_extend}
     return Snapshot(host, n_idx, meta, params, event, nbytes)
 
@@ -198,7 +199,7 @@ def build_case(snap: Snapshot) -> case_mod.Case:
     first = torch.full((uniq.numel(),), pos.numel(), dtype=torch.long)
     first.scatter_reduce_(0, inv, torch.arange(pos.numel()), reduce="amin")
     kv_buffer = t["rows"][pos[first]].clone()
-    idt = snap.tensors["kv_indices_dtype"]
+    idt = snap.params["kv_indices_dtype"]
     loc_dt = t["out_cache_loc"].dtype
     prefix = t["prefix_lens"]
     if prefix is None:
@@ -217,5 +218,5 @@ def build_case(snap: Snapshot) -> case_mod.Case:
         custom_mask=mask.clone() if mask is not None else None,
         mask_indptr=t["mask_indptr"].clone() if t["mask_indptr"] is not None else None,
         ref_out=t["o"].reshape(T, H, -1).clone(), ref_lse=None,
-        kv_lora_rank=MLA_V, qk_rope_head_dim=int(t["q"].shape[-1]) - MLA_V, v_head_dim=int(t["v"].shape[-1]),
+        kv_lora_rank=KV_LORA_RANK, qk_rope_head_dim=int(t["q"].shape[-1]) - KV_LORA_RANK, v_head_dim=int(t["v"].shape[-1]),
     )
