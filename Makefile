@@ -49,7 +49,9 @@ bundled: $(DEMO_STAMP)
 # Set-up, redone when pyproject.toml or this file changes. torch first: `torch==2.13.0` takes the
 # CPU build kept on local disk, so the extras below resolve against it instead of pulling a CUDA
 # build. The demo gets what it runs (reports, Triton, SGLang's kernel source); the tests add the
-# dev extra and the wheels that only the loader tests read.
+# dev extra and the wheels that only the loader tests read. SGLang is installed without its
+# dependencies (kdkit reads its kernel files only), so later installs pass --no-warn-conflicts
+# rather than list the server's missing dependencies.
 ifneq ($(DEMO_STAMP),)
 $(DEMO_STAMP): pyproject.toml Makefile
 	$(call say,[1/4] creating $(VENV))
@@ -60,14 +62,14 @@ $(DEMO_STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q -e '.[reports,triton]'
 	$(call say,[4/4] installing SGLang's kernel source ($(or $(SGLANG),skipped: SGLANG=)) and$(comma) with a GPU$(comma) the gpu extra)
 	if [ -n "$(SGLANG)" ]; then $(PY) -m pip install -q --no-deps '$(SGLANG)'; fi
-	if nvidia-smi -L >/dev/null 2>&1; then $(PY) -m pip install -q -e '.[reports,triton,gpu]'; fi
+	if nvidia-smi -L >/dev/null 2>&1; then $(PY) -m pip install -q --no-warn-conflicts -e '.[reports,triton,gpu]'; fi
 	touch $@
 
 # SGLANG_LAYOUTS covers both module layouts (<=0.5.15, >=0.5.16); a release that cannot be
 # fetched skips its loader tests
 $(TEST_STAMP): $(DEMO_STAMP)
 	$(call say,[1/2] installing the dev extra (pytest$(comma) JupyterLab$(comma) papermill$(comma) NVRTC))
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q --no-warn-conflicts -e '.[dev]'
 	$(call say,[2/2] downloading SGLang $(SGLANG_LAYOUTS) wheels for the loader tests into .cache/wheels)
 	for v in $(SGLANG_LAYOUTS); do $(PY) -m pip download -q --no-deps -d .cache/wheels "sglang==$$v" || true; done
 	touch $@

@@ -135,8 +135,9 @@ class _Progress:
     def __init__(self, total: int, what: str):
         import threading
         from tqdm import tqdm
-        self.bar = tqdm(total=total, desc=what, unit="step", file=sys.stderr, leave=False,
-                        disable=None, dynamic_ncols=True)
+        # no rate or ETA: the steps differ by orders of magnitude (torch 20 ms, Triton 30 s)
+        self.bar = tqdm(total=total, desc=what, file=sys.stderr, leave=False, disable=None,
+                        dynamic_ncols=True, bar_format="{desc} |{bar}| {n_fmt}/{total_fmt} [{elapsed}]")
         self._stop = threading.Event()
         if not self.bar.disable:
             threading.Thread(target=self._tick, daemon=True).start()
