@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from kdkit import bundled, shapes
+from kdkit import bundled, probes, shapes
 
 
 def _key(s):
@@ -44,8 +44,10 @@ def test_bench_grid_is_issue_9s():
 def test_bundled_cases_are_the_bundled_shapes():
     """What data/captured_tensors/manifest.json records is what the data file says."""
     manifest = {e["case_id"].removeprefix("failure-"): e["shape"] for e in bundled.load_manifest()["cases"]}
-    assert sorted(manifest) == sorted(s["name"] for s in shapes.get("bundled"))
-    for s in shapes.get("bundled"):
+    # the bundled set, and the probes small enough to commit (kdkit.probes.BUNDLED)
+    want = shapes.get("bundled") + [s for s in shapes.get("probes") if s["name"] in probes.BUNDLED]
+    assert sorted(manifest) == sorted(s["name"] for s in want)
+    for s in want:
         shape = manifest[s["name"]]
         per = lambda v: v if isinstance(v, list) else [v] * s["bs"]  # noqa: E731
         assert (shape["bs"], shape["num_heads"]) == (s["bs"], s["heads"]), s["name"]
