@@ -560,8 +560,8 @@ def build_parser(only: str | None = "*") -> argparse.ArgumentParser:
     None: none): declaring them imports what their defaults come from (torch, for synth)."""
     from . import __version__
     parser = _Parser(prog="kdkit", formatter_class=_Help,
-                     description="Replay and validate the MLA tree-verify attention kernel: case files, "
-                                 "backends, the float64 oracle, the lint, reports, kernel builds.")
+                     description="Capture, replay and validate the MLA tree-verify attention kernel: case "
+                                 "files, backends, the float64 oracle, the lint, reports, kernel builds.")
     parser.add_argument("--version", action="version", version=f"kdkit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, add_arguments, handler in COMMANDS:

@@ -10,7 +10,8 @@ NAME = "captured"
 def unavailable(case=None):
     if case is not None and getattr(case, "ref_out", None) is None:
         return ("captured: this case holds no reference output (case.ref_out: the live Triton call's "
-                "output, which only a case captured from a running SGLang server carries)")
+                "output, which a case captured from a running SGLang server carries; `kdkit capture env` "
+                "shows how to capture)")
     return None
 
 
