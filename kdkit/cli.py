@@ -23,6 +23,7 @@ import math
 import os
 import re
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -122,8 +123,11 @@ def _check_out(path: Path, kinds: dict) -> None:
     if path.is_dir():
         raise BadInput(f"{path}: is a directory; give a file name")
     parent = next(p for p in [path.parent, *path.parent.parents] if p.exists())
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise BadInput(f"{path}: cannot write under {parent}")
+    try:  # the one sure test: make a file there (permissions, read-only mounts, /proc)
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as e:
+        raise BadInput(f"{path}: cannot write under {parent} ({e.strerror})")
 
 
 # ---- progress --------------------------------------------------------------------------------------
@@ -191,8 +195,8 @@ def cmd_inspect(args) -> int:
 
 # ---- replay / report ---------------------------------------------------------------------------
 def _add_replay_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("cases", nargs="+", metavar="CASE", help="case files (.pt) and directories of them")
     from .backends import BACKENDS
+    p.add_argument("cases", nargs="+", metavar="CASE", help="case files (.pt) and directories of them")
     p.add_argument("--backends", type=_backend_names, default="oracle,torch",
                    help=f"comma list of {', '.join(BACKENDS)}; or 'all'")
     p.add_argument("--against", default="oracle", choices=list(BACKENDS),

@@ -75,6 +75,7 @@ REFUSED = {
     "report-text-file": (["report", ROOT / "README.md"], 2, r"^kdkit: cannot load case: .*README\.md.*cannot be read as a torch file"),
     "report-empty-dir": (["report", ROOT / "notebooks"], 2, r"^kdkit: .*notebooks: a directory with no case files"),
     "report-bad-suffix": (["report", SEED, "--out", "r.txt"], 2, r"^kdkit: r\.txt: the suffix must be one of"),
+    "report-unwritable": (["report", SEED, "--out", "/proc/kdkit/r.html"], 2, r"^kdkit: /proc/kdkit/r\.html: cannot write under /proc"),
     "replay-missing": (["replay", "nonexistent.pt", "--report", "r.html"], 2, r"^kdkit: nonexistent\.pt: no such file"),
     "replay-bad-backend": (["replay", SEED, "--backends", "oracle,nosuch"], 2, r"^kdkit replay: argument --backends: unknown backend\(s\) nosuch"),
     "replay-bad-against": (["replay", SEED, "--against", "nosuch"], 2, r"^kdkit replay: argument --against: invalid choice: 'nosuch'"),
