@@ -213,11 +213,12 @@ def test_lse_rule_in_fp32_units():
     ref_lse = np.full((2, 2), 8.0)
     cond = np.full((2, 2), 24.0)                   # unit = 2^-24 x (8 + 24) = 2^-19
     unit = 2.0 ** -19
-    ok = metrics(b, b, ref_lse + 7.9 * unit, ref_lse, lse_cond=cond)
-    assert ok.lse_ulp_max == pytest.approx(7.9) and judge("k", ok, b).passed
-    bad = metrics(b, b, ref_lse + 8.1 * unit, ref_lse, lse_cond=cond)
+    lim = compare.LSE_ULPS
+    ok = metrics(b, b, ref_lse + (lim - 0.1) * unit, ref_lse, lse_cond=cond)
+    assert ok.lse_ulp_max == pytest.approx(lim - 0.1) and judge("k", ok, b).passed
+    bad = metrics(b, b, ref_lse + (lim + 0.1) * unit, ref_lse, lse_cond=cond)
     v = judge("k", bad, b)
-    assert v.caught_by == ["lse"] and v.reasons[0].startswith("lse: error 8.1 fp32 units")
+    assert v.caught_by == ["lse"] and v.reasons[0].startswith(f"lse: error {lim + 0.1:.3g} fp32 units")
     assert v.lse_limit == compare.LSE_ULPS
     # without cond, max|ref lse| stands in for it: unit = 2^-24 x (8 + 8)
     assert metrics(b, b, ref_lse + 7.9 * unit, ref_lse).lse_ulp_max == pytest.approx(2 * 7.9)
