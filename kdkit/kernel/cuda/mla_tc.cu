@@ -8,9 +8,9 @@
 // block streams its split of the request's KV once, 32 rows per step, through a double-buffered
 // cp.async ring of swizzled tiles; blocks holding the other rows of the same request and split are
 // adjacent in the grid, so their read of the same KV hits L2.
-//   QK:  S^T[32 x NQ] = K[32 x 576] Q^T. Warp w: KV m-tile (w & 1), dims (w >> 1) * 144 .. +143
-//        (9 k-steps); Q lives in registers as B fragments; the four dim-groups' partial scores
-//        meet in shared memory.
+//   QK:  S^T[32 x NQ] = K[32 x 576] Q^T. Warp w: KV m-tile (w & 1), dim group dg = w >> 1 (the
+//        k-steps of 16 dims dg, dg + 4, ..., dg + 32); Q lives in registers as B fragments; the
+//        four dim groups' partial scores meet in shared memory.
 //   softmax: warp w owns query columns w, w+8, ...; lane = KV row: online softmax in the log2
 //        domain; P (bf16) and each column's rescale go to shared memory.
 //   PV:  O^T[512 x NQ] += V^T[512 x 32] P^T. Warp w owns output dims 64w .. 64w+63; V^T is the
@@ -76,6 +76,8 @@ using bf16 = __nv_bfloat16;
 
 static_assert(KD_SMEM_BYTES <= 99 * 1024, "shared memory per block exceeds sm_120's 99 KB");
 static_assert(KD_WARPS == 2 * KD_KG && KD_BN == 32, "QK: 2 KV m-tiles x 4 dim groups = 8 warps; softmax: lane = KV row");
+static_assert(KD_KG == 4, "dim group dg's k-steps dg + 4 ks keep the swizzled chunk of a lane constant");
+static_assert(KD_MUT_V_DIM0 % 64 == 0, "V's first dim keeps the 8-chunk swizzle groups aligned");
 static_assert(KD_D % (16 * KD_KG) == 0, "each dim group is a whole number of 16-dim k-steps");
 static_assert(KD_DL % (16 * KD_WARPS) == 0, "output dims split evenly in m-tiles over the warps");
 static_assert(KD_CHUNKS % 8 == 0, "the XOR swizzle permutes 16-byte chunks within groups of 8");
@@ -92,9 +94,6 @@ extern "C" __device__ int kd_meta_block_n = KD_BN;
 // ldmatrix reads at the same logical chunk land in 8 different bank groups
 __device__ __forceinline__ kd_u32 tile_off(int r, int c) {
   return static_cast<kd_u32>(r * KD_ROW_BYTES + ((c ^ (r & 7)) << 4));
-}
-__device__ __forceinline__ kd_u32 tile_off_read(int r, int c) {
-  return static_cast<kd_u32>(r * KD_ROW_BYTES + ((c ^ KD_MUT_SWZ_READ(r)) << 4));
 }
 
 extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(const KdParams p) {
@@ -182,7 +181,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
                        static_cast<kd_i64>(KD_MUT_HEAD(r % H, H)) * p.q_stride_head;
 #pragma unroll
     for (int ks = 0; ks < KD_KSTEPS; ++ks) {
-      const int d = (dg * KD_KSTEPS + ks) * 16 + 2 * t;
+      const int d = (dg + KD_KG * ks) * 16 + 2 * t;  // k-step dg + 4 ks: see the QK loop
       qf[nt][ks][0] = valid ? *reinterpret_cast<const kd_u32*>(qrow + d) : 0u;
       qf[nt][ks][1] = valid ? *reinterpret_cast<const kd_u32*>(qrow + d + 8) : 0u;
     }
@@ -222,13 +221,16 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
       for (int nt = 0; nt < KD_NT; ++nt)
 #pragma unroll
         for (int x = 0; x < 4; ++x) s[nt][x] = 0.f;
+      // dim group dg takes k-steps dg, dg + 4, ..., dg + 32: the 16-byte chunk of k-step dg + 4 ks is
+      // 2 dg + 8 ks (+1 for lanes 16..31), and its swizzled place is ((2 dg + hi) ^ (row & 7)) + 8 ks,
+      // so a lane's address is one register plus a compile-time offset per k-step
       const int lr = mg * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;  // this lane's ldmatrix row
+      const kd_u32 a_lane = s_tile + lr * KD_ROW_BYTES + ((((2 * dg + (lane >> 4)) ^ KD_MUT_SWZ_READ(lr)) & 7) << 4);
 #pragma unroll
       for (int ks = 0; ks < KD_KSTEPS; ++ks) {
-        const int kstep = dg * KD_KSTEPS + ks;
-        if (kstep * 16 >= KD_MUT_QK_DIMS(KD_D)) continue;
+        if (KD_MUT_QK_DIMS(KD_D) < KD_D && (dg + KD_KG * ks) * 16 >= KD_MUT_QK_DIMS(KD_D)) continue;
         kd_u32 a[4];
-        kd::ldsm_x4(s_tile + tile_off_read(lr, kstep * 2 + (lane >> 4)), a);
+        kd::ldsm_x4(a_lane + ks * 128, a);
 #pragma unroll
         for (int nt = 0; nt < KD_NT; ++nt)
           if (nt * 8 < nrows) kd::mma_bf16(s[nt], a, qf[nt][ks][0], qf[nt][ks][1]);
@@ -322,14 +324,20 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
       for (int nt = 0; nt < KD_NT; ++nt)
         if (nt * 8 < nrows)
           kd::ldsm_x4(s_p + ((nt * 8 + (lane & 7)) * KD_PPITCH + (lane >> 3) * 8) * 2, pb[nt]);
+      // V^T: lane row (lane & 7) + 8 (lane >> 4) of each 16-row k-step, chunk
+      // V_DIM0/8 + 8 warp + 2 mt + hi, swizzled in its low 3 bits by the row's (lane & 7)
+      const int vr0 = (lane & 7) + (lane >> 4) * 8, vhi = (lane >> 3) & 1;
+      kd_u32 v_lane[KD_VMT];
+#pragma unroll
+      for (int mt = 0; mt < KD_VMT; ++mt)
+        v_lane[mt] = s_tile + vr0 * KD_ROW_BYTES +
+                     ((KD_MUT_V_DIM0 / 8 + warp * 8 + (((2 * mt + vhi) ^ KD_MUT_SWZ_READ(vr0)) & 7)) << 4);
 #pragma unroll
       for (int ks = 0; ks < 2; ++ks) {
-        const int vr = ks * 16 + (lane & 7) + (lane >> 4) * 8;  // this lane's ldmatrix KV row
 #pragma unroll
         for (int mt = 0; mt < KD_VMT; ++mt) {
-          const int dim = KD_MUT_V_DIM0 + warp * KD_VDIMS_WARP + mt * 16 + ((lane >> 3) & 1) * 8;
           kd_u32 a[4];
-          kd::ldsm_x4_trans(s_tile + tile_off_read(vr, dim / 8), a);
+          kd::ldsm_x4_trans(v_lane[mt] + ks * 16 * KD_ROW_BYTES, a);
 #pragma unroll
           for (int nt = 0; nt < KD_NT; ++nt)
             if (nt * 8 < nrows) kd::mma_bf16(o[mt][nt], a, pb[nt][2 * ks], pb[nt][2 * ks + 1]);
