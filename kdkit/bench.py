@@ -37,7 +37,7 @@ from .constants import QK_DIM as D, V_HEAD_DIM as DV
 BACKENDS = ("cuda", "triton_sglang", "triton_decode", "torch")
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 FLUSH_BYTES = 256 << 20
-SLEEP_CYCLES = 200_000  # ~100 us at 2 GHz: longer than run()'s host work, so the launch is queued
+SLEEP_CYCLES = 500_000  # ~250 us at 2 GHz: longer than run()'s host work, so the launch is queued
 
 
 @dataclass(frozen=True)
