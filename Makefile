@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 # SGLANG_ENV= skips it (the default with VENV=: GPU hosts without internet).
 SGLANG_NEWEST ?= 0.5.23
 SGLANG_ENV ?= $(if $(strip $(VENV)),.venv-sglang,)
-SGLANG_ENV_PKGS = triton numpy pytest orjson psutil pybase64 requests pillow starlette tqdm IPython \
+SGLANG_ENV_PKGS = triton numpy tabulate pytest orjson psutil pybase64 requests pillow starlette tqdm IPython \
 	aiohttp dill einops gguf huggingface_hub msgspec openai==2.8.0 partial_json_parser pydantic regex \
 	safetensors sentencepiece==0.2.1 pyzmq transformers==5.19.0 compressed-tensors==0.18.0 loguru \
 	apache-tvm-ffi==0.1.11

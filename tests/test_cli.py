@@ -311,8 +311,8 @@ def test_report_over_a_directory(capsys, tmp_path, monkeypatch):
     rc, out, err = run(capsys, "report", cases, "--backends", "oracle,torch")
     assert rc == 0, out + err
     assert out.strip().splitlines()[-1] == "report: reports/ragged-bs4.html"
-    md_or_html = (tmp_path / "reports" / "ragged-bs4.html").read_text()
-    assert "ragged-bs4" in md_or_html and "seed-shape" in md_or_html
+    html = (tmp_path / "reports" / "ragged-bs4.html").read_text()
+    assert "ragged-bs4" in html and "seed-shape" in html
 
 
 def test_replay_markdown_report(capsys, seed_case_path, tmp_path):
