@@ -8,7 +8,7 @@ SGLANG_LAYOUTS ?= 0.5.10 0.5.11 0.5.15.post1 0.5.16 0.5.23
 PYTEST_ARGS ?=
 # Second environment for the capture plugin's tests on SGLang's real code path (tests/sglang_env):
 # the newest supported SGLang --no-deps, the pure-Python packages its attention backend imports,
-# kdkit --no-deps (its entry point), and a stand-in for torchvision (its wheel needs a CUDA torch).
+# kdkit (its entry point; torch is already the CPU build); tests/sglang_env/standins.py stands in for torchvision and sgl_kernel.
 # SGLANG_ENV= skips it (the default with VENV=: GPU hosts without internet).
 SGLANG_NEWEST ?= 0.5.23
 SGLANG_ENV ?= $(if $(strip $(VENV)),.venv-sglang,)
@@ -82,10 +82,9 @@ $(SG_STAMP): pyproject.toml Makefile $(TEST_STAMP)
 	$(SGLANG_ENV)/bin/python -m pip install -q torch==2.13.0
 	$(call say,[2/3] installing the pure-Python packages SGLang's attention backend imports (a few minutes on a cold cache))
 	$(SGLANG_ENV)/bin/python -m pip install -q $(SGLANG_ENV_PKGS)
-	$(call say,[3/3] installing SGLang $(SGLANG_NEWEST) and kdkit without their dependencies)
+	$(call say,[3/3] installing SGLang $(SGLANG_NEWEST) without its dependencies, and kdkit)
 	$(SGLANG_ENV)/bin/python -m pip install -q --no-deps --find-links .cache/wheels 'sglang==$(SGLANG_NEWEST)'
-	$(SGLANG_ENV)/bin/python -m pip install -q --no-deps -e .
-	$(SGLANG_ENV)/bin/python -c 'import site; print("$(CURDIR)/tests/sglang_env/standins", file=open(site.getsitepackages()[0] + "/kdkit-standins.pth", "w"))'
+	$(SGLANG_ENV)/bin/python -m pip install -q -e .
 	touch $@
 endif
 

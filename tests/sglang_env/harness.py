@@ -184,6 +184,40 @@ class Step:
         q, k, v = self.qkv[layer_id]
         return self.backend.forward_extend(q, k, v, self.layers[layer_id], self.batch)
 
+    def refill(self, prefix, seed: int):
+        """The next batch of a CUDA-graph replay: new q/k values and shorter prefixes (each request
+        keeps the first prefix[b] of its slots), written in place into the same tensors and
+        metadata buffers, as SGLang's replay does before it launches the graph (graph layout only)."""
+        from kdkit import trees
+        assert self.layout == "graph", "refill writes the persistent CUDA-graph buffers"
+        m, bs, q_len = self.backend.forward_metadata, self.bs, self.q_len
+        old = self.src.prefix_lens.long().tolist()
+        prefix = [int(p) for p in prefix]
+        assert all(0 <= p <= o for p, o in zip(prefix, old)), f"prefix {prefix} must shrink {old}"
+        kvp_old = self.src.kv_indptr.long().tolist()
+        kvi = torch.cat([self.src.kv_indices.long()[kvp_old[b]: kvp_old[b] + prefix[b]] for b in range(bs)])
+        blocks, mstart = [], 0
+        full = self.src.custom_mask
+        for b in range(bs):  # the tree part of each request's block stays, its prefix columns shrink
+            blk = full[mstart: mstart + q_len * (old[b] + q_len)].reshape(q_len, old[b] + q_len)[:, old[b]:]
+            blocks.append(blk.numpy())
+            mstart += q_len * (old[b] + q_len)
+        mask, mip = trees.build_mask(prefix, blocks, torch.uint8)
+        dev = m.kv_indices.device
+        m.kv_indices[: kvi.numel()].copy_(kvi.to(dev))
+        m.kv_indptr[1:].copy_(torch.tensor(prefix).cumsum(0).to(m.kv_indptr.dtype).to(dev))
+        m.custom_mask[: mask.numel()].copy_(mask.to(dev))
+        m.mask_indptr.copy_(mip.to(dev))
+        pl = torch.tensor(prefix, dtype=self.batch.seq_lens.dtype)
+        self.batch.seq_lens.copy_(pl.to(dev))
+        self.batch.seq_lens_sum = int(pl.sum())
+        gen = torch.Generator().manual_seed(seed)
+        for lid, (q, k, v) in self.qkv.items():
+            q.copy_((0.5 * torch.randn(q.shape, generator=gen)).to(q.dtype))
+            k.copy_((0.6 * torch.randn(k.shape, generator=gen)).to(k.dtype))
+            v.copy_(k[..., :512])
+        self.reset_pool()
+
     def reset_pool(self):
         """Zero the draft slots again (a rerun must see forward_extend write them)."""
         loc = self.batch.out_cache_loc

@@ -20,19 +20,34 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import standins  # noqa: E402
+
+standins.install()  # before SGLang is imported
 import harness  # noqa: E402
 
 
 def _inject(kind):
-    """A fault in kdkit's validate path, or a full disk under the writer."""
+    """A fault in kdkit's validate path (torch reference or CUDA kernel), or a full disk under
+    the writer; None puts the real functions back."""
     from kdkit import case as case_mod
     from kdkit.capture import kernels
     real_ref = getattr(kernels, "_real_torch_reference", kernels.torch_reference)
     kernels._real_torch_reference = real_ref
     real_save = getattr(case_mod.Case, "_real_save", case_mod.Case.save)
     case_mod.Case._real_save = real_save
+    real_run = getattr(kernels.CudaKernel, "_real_run", kernels.CudaKernel.run)
+    kernels.CudaKernel._real_run = real_run
     kernels.torch_reference = real_ref
     case_mod.Case.save = real_save
+    kernels.CudaKernel.run = real_run
+    if kind == "cuda-raise":
+        def broken_run(self, *a, **k):
+            raise RuntimeError("injected fault in kdkit's kernel")
+        kernels.CudaKernel.run = broken_run
+    elif kind == "cuda-perturb":
+        def wrong_run(self, *a, **k):
+            return real_run(self, *a, **k) * 1.5
+        kernels.CudaKernel.run = wrong_run
     if kind == "raise":
         def broken(case):
             raise RuntimeError("injected fault in kdkit's kernel")
@@ -48,10 +63,61 @@ def _inject(kind):
         case_mod.Case.save = full
 
 
+def replace_in_graph(spec: dict) -> dict:
+    """KDKIT_MODE=replace inside SGLang's capture mode and a real torch.cuda.graph capture (two
+    warm-up passes, then the capture, as SGLang's graph runner does), replayed on the batch it was
+    captured with and on refilled batches (new q/k, shorter prefixes, same buffers). Each replay is
+    compared with the unhooked forward_extend (Triton) on the same batch, and with kdkit's kernel
+    run eagerly through the plugin (the same plan: the graph must give the same bits)."""
+    from kdkit import compare
+    from sglang.srt.model_executor.runner_utils.capture_mode import model_capture_mode
+    plain = harness.unhooked_forward_extend()
+    st = harness.Step("graph", seed=spec.get("seed", 0))
+    lids = [0, 1]
+    graphs = {}
+    with model_capture_mode():
+        for lid in lids:
+            for _ in range(2):
+                st.reset_pool()
+                st.forward(lid)
+        torch.cuda.synchronize()
+        for lid in lids:
+            st.reset_pool()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                out = st.forward(lid)
+            graphs[lid] = (g, out)
+    rows = []
+    for i, refill in enumerate([None] + [tuple(r) for r in spec.get("refills", [])]):
+        if refill is not None:
+            st.refill(refill[0], seed=refill[1])
+        for lid in lids:
+            g, out = graphs[lid]
+            st.reset_pool()
+            g.replay()
+            torch.cuda.synchronize()
+            got = out.clone()
+            st.reset_pool()
+            eager_kdkit = st.forward(lid).clone()  # the plugin, outside any graph
+            st.reset_pool()
+            q, k, v = st.qkv[lid]
+            ref = plain(st.backend, q, k, v, st.layers[lid], st.batch).clone()
+            T, H = q.shape[0], st.heads
+            m = compare.metrics(got.view(T, H, -1), ref.view(T, H, -1))
+            rows.append({"batch": i, "layer": lid, "rel": m.rel, "max_abs": m.max_abs,
+                         "ref_max_abs": m.ref_max_abs, "graph_equals_eager": bool(torch.equal(got, eager_kdkit)),
+                         "differs_from_triton": not bool(torch.equal(got, ref))})
+    from kdkit.capture import plugin
+    return {"rows": rows, "faults": {f"{k[0]}:{k[1]}": n for k, n in plugin._HOOK.faults.items()},
+            "plans_kept": len(plugin._HOOK.cuda._captured)}
+
+
 def main(spec: dict) -> dict:
     harness.state_rank(spec.get("rank", 0), spec.get("world", 1))
     from sglang.srt.plugins import load_plugins
     load_plugins()  # SGLang's own: entry points of sglang.srt.plugins, SGLANG_PLUGINS allow-list
+    if spec.get("graph_replay"):
+        return replace_in_graph(spec)
     hooked = hasattr(harness.sglang()["tb"].TritonAttnBackend.forward_extend, "__wrapped__")
     plain = harness.unhooked_forward_extend()
     calls = []

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Wheels for the capture plugin's GPU tests (tests/sglang_env, marked gpu) on an air-gapped GPU
+# host (x86-64, CPython 3.12 by default) that already has torch, triton, cupy, numpy and pytest.
+#
+#   scripts/gpu_wheels.sh [OUT_DIR] [PYVER]        # OUT_DIR defaults to .whl-sglang, PYVER to 3.12
+#
+# On the GPU host, from the repository root (carry OUT_DIR with the repository):
+#   python3 -m pip install -q --no-deps --no-index --find-links .whl-sglang -r .whl-sglang/requirements.txt
+#   python3 -m pip install -q --no-deps --no-build-isolation -e .     # kdkit's sglang.srt.plugins entry point
+#   KDKIT_SGLANG_ENV=1 python3 -m pytest tests/sglang_env -m gpu -q
+#
+# What it holds: SGLang itself (--no-deps, repacked without the parts the attention backend never
+# imports: multimodal_gen/, test/, benchmark/, srt/models/, the Rust server extensions) and the distributions of SGLang's
+# import closure as read off a CPU run of tests/sglang_env (the versions that run there), each
+# installed with --no-deps: the full dependency trees of transformers, IPython and
+# huggingface_hub would not fit the 64 MiB carried to the GPU host. The GPU-only binaries
+# (sgl_kernel, torchvision) are stood in for by tests/sglang_env/standins.py.
+set -euo pipefail
+out=${1:-.whl-sglang}
+py=${2:-3.12}
+sglang=${SGLANG_VERSION:-0.5.23}
+pkgs="aiohappyeyeballs==2.7.1 aiohttp==3.14.5 aiosignal==1.4.0 annotated-types==0.8.0 anyio==4.16.0
+apache-tvm-ffi==0.1.11 click==8.5.1 compressed-tensors==0.18.0 dill==0.4.1 distro==1.9.0 einops==0.8.2
+frozenlist==1.8.0 gguf==0.19.0 h11==0.16.0 httpcore2==2.16.2 httpx==0.28.1 httpx2==2.16.2
+huggingface_hub==2.4.0 ipython==9.18.1 loguru==0.7.3 msgspec==0.23.0 multidict==7.2.1 openai==2.8.0
+orjson==3.13.0 partial-json-parser==0.2.1.1.post7 pillow==13.0.0 propcache==0.5.4 pybase64==1.5.1
+pydantic==2.14.4 pydantic_core==2.50.5 pyzmq==27.3.0 regex==2026.11.19 rich==15.0.0 safetensors==0.8.0
+sentencepiece==0.2.1 sniffio==1.3.1 starlette==1.10.0 tokenizers==0.23.3 traitlets==5.16.1
+transformers==5.19.0 truststore==0.10.5 typing-inspection==0.4.5 yarl==1.25.1
+markdown-it-py mdurl ipython-pygments-lexers tabulate"
+mkdir -p "$out"
+plat=()
+for n in 17 24 27 28 31 34 35; do plat+=(--platform "manylinux_2_${n}_x86_64"); done
+plat+=(--platform manylinux2014_x86_64 --platform any)
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$py" --implementation cp "${plat[@]}" \
+  -d "$out" $pkgs
+tmp=$(mktemp -d)
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$py" --implementation cp "${plat[@]}" \
+  -d "$tmp" "sglang==$sglang"
+python3 - "$tmp" "$out" <<'PY'
+import glob, os, sys, zipfile
+src = glob.glob(sys.argv[1] + "/sglang-*.whl")[0]
+drop = ("sglang/multimodal_gen/", "sglang/test/", "sglang/benchmark/", "sglang/srt/models/",
+        "sglang/srt/rust_extensions/")
+dst = os.path.join(sys.argv[2], os.path.basename(src))
+with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as zout:
+    for info in zin.infolist():
+        if info.filename.startswith(drop) or info.filename.endswith(".so"):  # the Rust server parts
+            continue
+        data = zin.read(info.filename)
+        if info.filename.endswith(".dist-info/RECORD"):  # list only what the repacked wheel holds
+            data = b"".join(ln + b"\n" for ln in data.split(b"\n")
+                            if ln and not ln.decode().startswith(drop) and ".so," not in ln.decode())
+        zout.writestr(info, data)
+PY
+rm -rf "$tmp"
+printf '%s\n' $pkgs "sglang==$sglang" > "$out/requirements.txt"
+du -sh "$out" | sed 's/^/gpu wheels: /'
