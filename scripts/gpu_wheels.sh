@@ -10,7 +10,8 @@
 #   KDKIT_SGLANG_ENV=1 python3 -m pytest tests/sglang_env -m gpu -q
 #
 # What it holds: SGLang itself (--no-deps, repacked without the parts the attention backend never
-# imports: multimodal_gen/, test/, benchmark/, srt/models/, the Rust server extensions) and the distributions of SGLang's
+# imports: multimodal_gen/, test/, benchmark/, srt/models/, the Rust server extensions),
+# transformers repacked with only the model folders SGLang's configs import, and the distributions of SGLang's
 # import closure as read off a CPU run of tests/sglang_env (the versions that run there), each
 # installed with --no-deps: the full dependency trees of transformers, IPython and
 # huggingface_hub would not fit the 64 MiB carried to the GPU host. The GPU-only binaries
@@ -37,21 +38,43 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$py" 
 tmp=$(mktemp -d)
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$py" --implementation cp "${plat[@]}" \
   -d "$tmp" "sglang==$sglang"
+mv "$out"/transformers-*.whl "$tmp"/
 python3 - "$tmp" "$out" <<'PY'
+"""Repack two wheels without what the plugin tests never import (RECORD rewritten to match)."""
 import glob, os, sys, zipfile
-src = glob.glob(sys.argv[1] + "/sglang-*.whl")[0]
-drop = ("sglang/multimodal_gen/", "sglang/test/", "sglang/benchmark/", "sglang/srt/models/",
-        "sglang/srt/rust_extensions/")
-dst = os.path.join(sys.argv[2], os.path.basename(src))
-with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as zout:
-    for info in zin.infolist():
-        if info.filename.startswith(drop) or info.filename.endswith(".so"):  # the Rust server parts
-            continue
-        data = zin.read(info.filename)
-        if info.filename.endswith(".dist-info/RECORD"):  # list only what the repacked wheel holds
-            data = b"".join(ln + b"\n" for ln in data.split(b"\n")
-                            if ln and not ln.decode().startswith(drop) and ".so," not in ln.decode())
-        zout.writestr(info, data)
+
+# transformers: the model folders SGLang's import closure reaches (its configs), read off the run
+MODELS = {"auto", "deepseek_v3", "encoder_decoder", "falcon_mamba", "gemma", "gemma4", "glm_ocr", "gpt2",
+          "gpt_oss", "lfm2", "lfm2_moe", "lfm2_vl", "llama", "mamba", "mamba2", "mellum", "qwen2",
+          "qwen2_5_vl", "qwen3", "qwen3_5", "qwen3_moe", "siglip", "t5", "whisper"}
+SGLANG_DROP = ("sglang/multimodal_gen/", "sglang/test/", "sglang/benchmark/", "sglang/srt/models/",
+               "sglang/srt/rust_extensions/")
+
+
+def sglang_keep(name):
+    return not name.startswith(SGLANG_DROP) and not name.endswith(".so")  # .so: the Rust server parts
+
+
+def transformers_keep(name):
+    parts = name.split("/")
+    return not (len(parts) > 3 and parts[:2] == ["transformers", "models"] and parts[2] not in MODELS)
+
+
+def repack(src, dst, keep):
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as zout:
+        for info in zin.infolist():
+            if not keep(info.filename):
+                continue
+            data = zin.read(info.filename)
+            if info.filename.endswith(".dist-info/RECORD"):
+                data = b"".join(ln + b"\n" for ln in data.split(b"\n")
+                                if ln and keep(ln.decode().split(",")[0]))
+            zout.writestr(info, data)
+
+
+for pattern, keep in (("sglang-*.whl", sglang_keep), ("transformers-*.whl", transformers_keep)):
+    src = glob.glob(os.path.join(sys.argv[1], pattern))[0]
+    repack(src, os.path.join(sys.argv[2], os.path.basename(src)), keep)
 PY
 rm -rf "$tmp"
 printf '%s\n' $pkgs "sglang==$sglang" > "$out/requirements.txt"

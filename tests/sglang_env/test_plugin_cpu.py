@@ -165,9 +165,9 @@ def test_validate_logs_each_call_and_writes_the_failures(tmp_path):
 
 
 # ---- never hurts the server ---------------------------------------------------------------------
-def test_budget_full_disk_unusable_folder_and_no_overwrite(tmp_path):
+def test_budget_full_disk_unusable_folder_no_overwrite_and_every(tmp_path):
     two = {"steps": [{"layout": "eager"}, {"layout": "graph"}]}
-    d_cases, d_bytes, d_full = tmp_path / "cases", tmp_path / "bytes", tmp_path / "full"
+    d_cases, d_bytes, d_full, d_every = tmp_path / "cases", tmp_path / "bytes", tmp_path / "full", tmp_path / "every"
     d_cases.mkdir()
     precious = d_cases / "model-L1-r0-s0.pt"
     precious.write_bytes(b"precious: not a case, must survive")
@@ -179,9 +179,12 @@ def test_budget_full_disk_unusable_folder_and_no_overwrite(tmp_path):
         _start({"steps": [{"layout": "eager", "inject": "enospc"}, {"layout": "graph", "inject": "enospc"}]},
                _env(KDKIT_MODE="capture", KDKIT_DIR=d_full)),
         _start(two, _env(KDKIT_MODE="capture", KDKIT_DIR=blocker / "sub")),
+        _start({"steps": [{"layout": "eager"}, {"layout": "graph"}, {"layout": "eager", "seed": 4}]},
+               _env(KDKIT_MODE="capture", KDKIT_DIR=d_every, KDKIT_EVERY=2, KDKIT_LAYERS="0")),
     ]
-    (cases, l_cases, _), (by, l_bytes, _), (full, l_full, _), (unusable, l_unusable, _) = [_finish(p) for p in procs]
-    for res in (cases, by, full, unusable):
+    (cases, l_cases, _), (by, l_bytes, _), (full, l_full, _), (unusable, l_unusable, _), (every, _, _) = \
+        [_finish(p) for p in procs]
+    for res in (cases, by, full, unusable, every):
         _all_equal(res)
         assert not res["faults"], res["faults"]
 
@@ -201,6 +204,9 @@ def test_budget_full_disk_unusable_folder_and_no_overwrite(tmp_path):
 
     stop = [ln for ln in l_unusable if "stopped" in ln]
     assert len(stop) == 1 and "cannot create" in stop[0] and unusable["written"] == []
+
+    # KDKIT_EVERY=2: steps 0 and 2 of three
+    assert sorted(p.name for p in d_every.iterdir()) == ["model-L0-r0-s0.pt", "model-L0-r0-s2.pt"]
 
 
 def test_ranks_are_separate_spawned_processes_writing_one_folder(tmp_path):
