@@ -337,8 +337,48 @@ def _why(e: Exception) -> str:
     return (lines[0] if lines else str(e).splitlines()[0])[:300]
 
 
-def load(path: str | os.PathLike) -> Case:
-    """Load and validate a case; weights_only=True, CPU, so no code from the file ever runs."""
+def _first_nonfinite(t: torch.Tensor):
+    """Index (tuple) of the first NaN/inf entry of a float tensor, or None; bounded memory."""
+    flat = t.reshape(-1)
+    for s in range(0, flat.numel(), 1 << 22):
+        bad = ~torch.isfinite(flat[s: s + (1 << 22)].float())
+        if bool(bad.any()):
+            i = s + int(bad.nonzero()[0, 0])
+            return tuple(int(x) for x in torch.unravel_index(torch.tensor(i), tuple(t.shape)))
+    return None
+
+
+def check_values(case: Case, path=None) -> None:
+    """What a shared file must also satisfy beyond its structure (checked on load, not on save, so
+    that a capture of a broken server is still written): one float dtype for q, k, v and the pool,
+    and no NaN/inf in anything the kernel reads (q; k, v in the sglang layout; the pool rows
+    kv_indices names)."""
+    kinds = {n: getattr(case, n).dtype for n in ("q", "k", "v", "kv_buffer")}
+    if len(set(kinds.values())) > 1:
+        shown = ", ".join(f"{n} {str(d).replace('torch.', '')}" for n, d in kinds.items())
+        common = max(set(kinds.values()), key=list(kinds.values()).count)
+        odd = next(n for n, d in kinds.items() if d != common)
+        raise CaseError(odd, f"mixed dtypes ({shown}): one forward_extend call has one dtype; the file was "
+                        "assembled from different captures or edited", path)
+    read = [("q", case.q)] + ([("k", case.k), ("v", case.v)] if case.layout == "sglang" else [])
+    rows = torch.unique(case.kv_indices.long()) if case.kv_indices.numel() else None
+    if rows is not None:
+        read.append(("kv_buffer", case.kv_buffer[rows]))
+    for name, t in read:
+        at = _first_nonfinite(t)
+        if at is not None:
+            where = (f"pool row {int(rows[at[0]])} (read through kv_indices), dim {at[-1]}" if name == "kv_buffer"
+                     else f"token {at[0]}, {'head ' + str(at[1]) + ', ' if name == 'q' else ''}dim {at[-1]}")
+            raise CaseError(name, f"NaN/inf at {where}: the kernel would read it and no answer is defined. "
+                            "To look at such a capture anyway: kdkit.case.load(path, allow_nonfinite=True) "
+                            "(the lint then names every bad row)", path)
+
+
+def load(path: str | os.PathLike, allow_nonfinite: bool = False) -> Case:
+    """Load and validate a case; weights_only=True, CPU, so no code from the file ever runs.
+    The zip directory and the pickle are checked first (kdkit.ptfile: no zip bombs, no forged
+    sizes), then the structure (validate), then the values (check_values; allow_nonfinite=True
+    skips its NaN/inf part, to inspect a broken capture)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such case file")
@@ -349,9 +389,11 @@ def load(path: str | os.PathLike) -> Case:
     if not (head.startswith(b"PK") or head.startswith(b"\x80")):
         raise CaseError("<file>", f"cannot be read as a torch file (truncated or not a .pt?): it starts "
                         f"with {head!r}, not a zip (torch.save) or a pickle", path)
+    from . import ptfile  # the zip directory and the pickle, checked before torch reads them
     if head.startswith(b"PK"):
-        from . import ptfile  # the zip directory and the pickle, checked before torch reads them
         ptfile.scan(path)
+    elif path.stat().st_size > ptfile.MAX_FILE_BYTES:
+        raise CaseError("<file>", f"{path.stat().st_size} bytes is more than a case can be; not loaded", path)
     try:
         rec = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
@@ -362,7 +404,14 @@ def load(path: str | os.PathLike) -> Case:
         first = (str(e).splitlines() or [""])[0]
         raise CaseError("<file>", f"cannot be read as a torch file (truncated or not a .pt?): "
                         f"{type(e).__name__}: {first}", path) from None
-    return from_record(rec, path)
+    case = from_record(rec, path)
+    if allow_nonfinite:
+        kinds = {getattr(case, n).dtype for n in ("q", "k", "v", "kv_buffer")}
+        if len(kinds) > 1:
+            check_values(case, path)  # mixed dtypes are refused either way
+        return case
+    check_values(case, path)
+    return case
 
 
 __all__ = ["Case", "CaseError", "load", "validate", "from_record", "new_meta", "replace",

@@ -86,11 +86,11 @@ def _swizzled(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
 def _split_kv(K, V, b0: int, e0: int, mutant, device):
     """K, V rows [b0, e0) of a split as the (possibly mutated) kernel would hold them, fp32."""
     pos = torch.arange(b0, e0)
-    src = pos
+    Ks, Vs = K[b0:e0], V[b0:e0]                                 # views: no copy on the correct path
     if mutant == "skip-pipeline-wait" and e0 - b0 > schedule.BLOCK_N:
         last = b0 + (e0 - b0 - 1) // schedule.BLOCK_N * schedule.BLOCK_N   # the split's last tile
         src = torch.where(pos >= last, pos - schedule.BLOCK_N, pos)
-    Ks, Vs = K[src], V[src]
+        Ks, Vs = K[src], V[src]
     if mutant == "v-wrong-dims":
         Vs = Ks[:, K.shape[1] - V.shape[1]:]
     if mutant == "bad-swizzle":
