@@ -71,8 +71,9 @@ def row_probs(case: Case, b: int, i: int, head: int) -> RequestProbs:
     return RequestProbs(_softmax(s)[0], s, vis, p)
 
 
-def run(case: Case, with_probs: bool = False):
-    """(out [T,H,512] float64, lse [T,H] float64[, list of RequestProbs]).
+def run(case: Case, with_probs: bool = False, with_cond: bool = False):
+    """(out [T,H,512] float64, lse [T,H] float64[, list of RequestProbs][, cond [T,H]]).
+    with_cond adds lse_condition's array, computed in the same pass.
 
     A row that sees nothing gets out = 0 and lse = -inf (the kernels are not required to agree
     there; lint flags such rows as errors).
@@ -81,12 +82,18 @@ def run(case: Case, with_probs: bool = False):
     out = np.zeros((T, H, Dv))
     lse = np.full((T, H), -np.inf)
     per_req = []
+    cond = np.zeros((T, H)) if with_cond else None
     for b in range(case.batch_size):
         qs, qe, s, V, vis, p = _request(case, b)
         if qe == qs:
             per_req.append(None)
             continue
         P, lse[qs:qe] = _softmax(s)
+        if with_cond:
+            K = np.abs(_f64(request_kv(case, b)[0]))
+            q = np.abs(_f64(case.q[qs:qe]))
+            a = (q.reshape(-1, q.shape[-1]) @ K.T).reshape(s.shape) * case.sm_scale
+            cond[qs:qe] = np.nan_to_num((P * a).sum(axis=-1), nan=0.0)
         # masked-out columns are exactly 0 in P; 0 * NaN from a poisoned row would still be NaN,
         # which is right: a visible NaN row should poison the oracle too.
         Vz = np.where(vis.any(axis=0)[:, None], V, 0.0)
@@ -94,7 +101,7 @@ def run(case: Case, with_probs: bool = False):
         out[qs:qe] = (P.reshape(n * H, kv) @ Vz).reshape(n, H, -1)
         if with_probs:
             per_req.append(RequestProbs(P, s, vis, p))
-    return (out, lse, per_req) if with_probs else (out, lse)
+    return (out, lse) + ((per_req,) if with_probs else ()) + ((cond,) if with_cond else ())
 
 
 def lse_condition(case: Case) -> np.ndarray:
@@ -103,16 +110,6 @@ def lse_condition(case: Case) -> np.ndarray:
 
     An fp32 kernel's logit s_j carries an error of about 2^-24 x sm_scale x sum_d |q_d k_jd| (a 576-term
     fp32 dot product), and its LSE is the probability-weighted mean of those errors plus the rounding
-    of the LSE itself; kdkit.compare scales the LSE tolerance by this. Rows that see nothing: 0."""
-    T, H = case.num_tokens, case.num_heads
-    cond = np.zeros((T, H))
-    for b in range(case.batch_size):
-        qs, qe, s, V, vis, p = _request(case, b)
-        if qe == qs:
-            continue
-        K, _, _ = request_kv(case, b)
-        q = np.abs(_f64(case.q[qs:qe]))
-        a = (q.reshape(-1, q.shape[-1]) @ np.abs(_f64(K)).T).reshape(s.shape) * case.sm_scale
-        w, _ = _softmax(s)
-        cond[qs:qe] = np.nan_to_num((w * a).sum(axis=-1), nan=0.0)
-    return cond
+    of the LSE itself; kdkit.compare scales the LSE tolerance by this. Rows that see nothing: 0.
+    run(case, with_cond=True) gives it with the output in one pass."""
+    return run(case, with_cond=True)[2]

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 import torch
 
 from . import backends as _backends
-from . import oracle as _oracle
 from .compare import Metrics, Verdict, judge, metrics, seed_line
 
 # backends whose output *is* the production path (SGLang's Triton kernel), best first
@@ -211,7 +210,7 @@ def replay(case, backends: str | Iterable[str], against: str = "oracle", run_lin
     ref = results[against][0]
 
     # each row's LSE error scale (kdkit.compare.lse_unit) needs the logits' size: from the oracle
-    cond = _oracle.lse_condition(case) if "oracle" in results else None
+    cond = results["oracle"][0].info.get("lse_cond") if "oracle" in results else None
     production: Metrics | None = None
     prod_name = next((p for p in PRODUCTION if p in results), None)  # ran: listed or reference
     if prod_name and "oracle" in results:

@@ -120,33 +120,35 @@ def _request(case, b, device, p_bf16, chunk_elems, nsplit, mutant):
     Dv = V.shape[1]
     out = torch.zeros(n, H, Dv, dtype=torch.float32, device=device)
     lse = torch.full((n, H), float("-inf"), dtype=torch.float32, device=device)
-    splits = [(b0, e0, *_split_kv(K, V, b0, e0, mutant, device)) for b0, e0 in split_bounds(kv_len, nsplit)]
-    rows = max(1, chunk_elems // max(1, H * kv))
+    bounds = split_bounds(kv_len, nsplit)
+    if not bounds or n == 0:
+        return qs, qe, out, lse
+    # every split laid out as one [S, span] grid (the last split padded with masked columns), so
+    # the per-split max, sum and partial output are one batched op each, not a loop over splits
+    S, span = len(bounds), bounds[0][1] - bounds[0][0]
+    pieces = [_split_kv(K, V, b0, e0, mutant, device) for b0, e0 in bounds]
+    Kg = torch.cat([k for k, _ in pieces])                 # [kv_len, 576] as the splits hold them
+    pad = S * span - Kg.shape[0]
+    Vg = torch.nn.functional.pad(torch.cat([v for _, v in pieces]), (0, 0, 0, pad)).reshape(S, span, Dv)
+    visg = torch.nn.functional.pad(vis[:, :kv_len], (0, pad)).reshape(n, S, span)
+    # masked columns are exactly 0 in P, but 0 * NaN would still be NaN: zero the V rows no row
+    # can see (all referenced rows are finite in a sane case anyway)
+    Vg = torch.where(visg.any(dim=0)[..., None], Vg, 0.0)
+    rows = max(1, chunk_elems // max(1, H * S * span))
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
         qr = q[r0:r1].reshape(-1, q.shape[-1])
-        parts = []                                      # (m_s, l_s, o_s) per split
-        for b0, e0, Ks, Vs in splits:
-            s = (qr @ Ks.T).reshape(r1 - r0, H, e0 - b0) * scale
-            if case.logit_cap > 0:
-                s = case.logit_cap * torch.tanh(s / case.logit_cap)
-            seen = vis[r0:r1, b0:e0]
-            s = s.masked_fill(~seen[:, None, :], float("-inf"))
-            m = s.amax(dim=-1)                          # -inf where a row sees nothing here
-            P = torch.exp(s - torch.where(torch.isfinite(m), m, 0.0)[..., None])
-            l = P.sum(dim=-1)
-            if p_bf16:
-                P = P.bfloat16().float()
-            # masked columns are exactly 0 in P, but 0 * NaN would still be NaN: zero the V rows
-            # no row of this block can see (all referenced rows are finite in a sane case anyway)
-            Vb = torch.where(seen.any(dim=0)[:, None], Vs, 0.0)
-            o = (P.reshape(-1, e0 - b0) @ Vb).reshape(r1 - r0, H, Dv)
-            parts.append((m, l, o))
-        if not parts:
-            continue
-        m = torch.stack([x[0] for x in parts])          # [S, rows, H]
-        l = torch.stack([x[1] for x in parts])
-        o = torch.stack([x[2] for x in parts])          # unnormalised: sum_j exp(s_j - m_s) v_j
+        s_ = torch.nn.functional.pad(qr @ Kg.T, (0, pad)).reshape(r1 - r0, H, S, span) * scale
+        if case.logit_cap > 0:
+            s_ = case.logit_cap * torch.tanh(s_ / case.logit_cap)
+        s_ = s_.masked_fill(~visg[r0:r1, None], float("-inf"))
+        m = s_.amax(dim=-1)                                  # [rows, H, S]; -inf: sees nothing there
+        P = torch.exp(s_ - torch.where(torch.isfinite(m), m, 0.0)[..., None])
+        l = P.sum(dim=-1)
+        if p_bf16:
+            P = P.bfloat16().float()
+        o = torch.einsum("rhsj,sjd->rhsd", P, Vg)            # unnormalised: sum_j exp(s_j - m_s) v_j
+        m, l, o = m.permute(2, 0, 1), l.permute(2, 0, 1), o.permute(2, 0, 1, 3)   # split axis first
         top = m.amax(dim=0)
         top0 = torch.where(torch.isfinite(top), top, 0.0)
         if mutant == "merge-no-rescale":
