@@ -213,6 +213,14 @@ def test_inspect_takes_directories_and_several_files(capsys):
     assert rc == 0 and out.count("lint: clean") == 2
 
 
+def test_inspect_shows_what_it_can_and_exits_2_for_the_rest(capsys, tmp_path, seed_case_path):
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a torch file\n")
+    rc, out, err = run(capsys, "inspect", seed_case_path, bad)
+    assert rc == 2 and "lint: clean" in out
+    assert re.match(rf"kdkit: cannot load case: {re.escape(str(bad))}", first_line(err)), err
+
+
 def test_inspect_hostile_file_exits_2(capsys, hostile_case):
     path, marker = hostile_case
     rc, out, err = run(capsys, "inspect", path)
