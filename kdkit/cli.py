@@ -143,6 +143,7 @@ class _Progress:
         self.bar = tqdm(total=total, desc=what, file=sys.stderr, leave=False, disable=None,
                         dynamic_ncols=True, bar_format="{desc} |{bar}| {n_fmt}/{total_fmt} [{elapsed}]")
         self._stop = threading.Event()
+        self._running = False
         if not self.bar.disable:
             threading.Thread(target=self._tick, daemon=True).start()
 
@@ -151,10 +152,16 @@ class _Progress:
             self.bar.refresh()
 
     def step(self, what: str) -> None:
+        """Step `what` starts; the one before it, if any, is done."""
+        if self._running:
+            self.bar.update(1)
+        self._running = True
         self.bar.set_description_str(what)
 
-    def done(self, n: int = 1) -> None:
-        self.bar.update(n)
+    def done_up_to(self, n: int) -> None:
+        """n steps are done (a case may end early: an oracle that cannot read it skips the rest)."""
+        self.bar.update(n - self.bar.n)
+        self._running = False
 
     def print(self, text: str) -> None:
         """Print to stdout without tearing the bar."""
@@ -294,15 +301,9 @@ def _replay_all(args, files: list[Path]) -> _Replayed:
                 bar.print("")
             case = _load(path)
             label = f"{case.label} ({i + 1}/{len(files)})" if len(files) > 1 else case.label
-            started = []
-
-            def on_backend(name):  # replay calls it as each backend starts
-                if started:
-                    bar.done()
-                started.append(name)
-                bar.step(f"{label}: {name}")
             try:
-                rep = replay.replay(case, names, against=args.against, progress=on_backend)
+                rep = replay.replay(case, names, against=args.against,
+                                    progress=lambda name: bar.step(f"{label}: {name}"))
             except backends.BackendUnavailable as e:  # --against cannot run this case
                 _err(f"{path}: {e}")
                 done.stopped.append((str(path), str(e)))
@@ -317,7 +318,7 @@ def _replay_all(args, files: list[Path]) -> _Replayed:
                 done.rc = max(done.rc, EXIT_PROBLEM)
                 continue
             finally:
-                bar.done(steps * (i + 1) - bar.bar.n)
+                bar.done_up_to(steps * (i + 1))
             print_replay(rep, bar.print)
             rc, why = _verdict(rep, args.allow_skip)
             if rc:

@@ -363,6 +363,11 @@ def test_progress_bar_names_each_backend_on_a_terminal(capsys, monkeypatch, seed
     assert "seed-shape: oracle" in bar and "seed-shape: torch" in bar, bar
     assert re.search(r"2/2 \[", bar), bar
     assert "seed-shape: oracle" not in out  # the bar stays on stderr; stdout is the results
+    term.seek(0), term.truncate()
+    rc = main(["replay", str(seed_case_path), str(bundled_path("ragged-bs4")), "--backends", "torch"])
+    bar = term.getvalue()
+    assert rc == 0 and "seed-shape (1/2): torch" in bar and "ragged-bs4 (2/2): oracle" in bar, bar
+    assert re.search(r"4/4 \[", bar) and not re.search(r"[5-9]/4 \[", bar), bar
 
 
 def test_no_progress_bar_when_stderr_is_not_a_terminal(capsys, seed_case_path):
