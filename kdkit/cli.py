@@ -566,7 +566,10 @@ def build_parser(only: str | None = "*") -> argparse.ArgumentParser:
     from . import __version__
     parser = _Parser(prog="kdkit", formatter_class=_Help,
                      description="Capture, replay and validate the MLA tree-verify attention kernel: case "
-                                 "files, backends, the float64 oracle, the lint, reports, kernel builds.")
+                                 "files, backends, the float64 oracle, the lint, reports, kernel builds.",
+                     epilog="Exit codes: 0 all the requested work ran and passed; 1 a verdict failed or "
+                            "something requested did not run here (a skipped backend, unless --allow-skip); "
+                            "2 bad input, said in one line before any work is done.")
     parser.add_argument("--version", action="version", version=f"kdkit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, add_arguments, handler in COMMANDS:

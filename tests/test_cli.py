@@ -410,6 +410,7 @@ def test_top_level_help_lists_each_command_uncut(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     flat = " ".join(capsys.readouterr().out.split())
+    assert "Exit codes: 0 all the requested work ran and passed; 1 " in flat
     for name, _, handler in COMMANDS:
         line = summary(handler)
         assert line.endswith(".") and f"{name} {line}" in flat, (name, line)
