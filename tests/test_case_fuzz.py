@@ -1,0 +1,253 @@
+"""Hostile and broken case files: each gets one CaseError naming the file and the field, nothing in
+the file runs, memory stays bounded; and 10,000 mutated files (byte flips, truncations, edited zip
+members and pickles) raise nothing but CaseError. (tests/test_case_file.py has the first hostile
+files: a pickle that runs code, truncation, wrong schema version, indices outside the pool.)"""
+from __future__ import annotations
+
+import io
+import os
+import pickletools
+import random
+import resource
+import zipfile
+
+import pytest
+import torch
+
+from kdkit import ptfile
+from kdkit.case import CaseError, load
+from kdkit.synth import make_case
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _members(data: bytes) -> list[tuple[str, bytes]]:
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        return [(i.filename, zf.read(i.filename)) for i in zf.infolist()]
+
+
+def _zip(members, compress: dict | None = None) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:
+        for name, payload in members:
+            zf.writestr(name, payload, compress_type=(compress or {}).get(name, zipfile.ZIP_STORED))
+    return buf.getvalue()
+
+
+def _expect(path, field, *words) -> CaseError:
+    with pytest.raises(CaseError) as ei:
+        load(path)
+    err = ei.value
+    assert err.field == field, f"named field {err.field!r}, expected {field!r}: {err}"
+    assert str(path) in str(err) and "\n" not in str(err), str(err)
+    for w in words:
+        assert w in str(err), f"{w!r} not in {err}"
+    return err
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> bytes:
+    """A small valid case file (bs 1, prefix 2, q_len 2, H 1): a few KB, loads in a millisecond."""
+    path = make_case(bs=1, prefix=2, q_len=2, heads=1, tree="chain", seed=3).save(
+        tmp_path_factory.mktemp("tiny") / "tiny.pt")
+    return path.read_bytes()
+
+
+def _pkl_name(members) -> str:
+    return next(n for n, _ in members if n.endswith("data.pkl"))
+
+
+def _edit_pickle(members, fn):
+    name = _pkl_name(members)
+    return [(n, fn(p) if n == name else p) for n, p in members]
+
+
+# ---- hostile files ------------------------------------------------------------------------------
+def test_zip_bomb_is_refused_before_it_expands(tiny, tmp_path):
+    """A member deflated from 256 MB of zeros (~250 KB on disk): refused from the zip directory."""
+    members = _members(tiny)
+    data_member = next(n for n, _ in members if "/data/" in n)
+    bomb = [(n, b"\0" * (256 << 20) if n == data_member else p) for n, p in members]
+    path = tmp_path / "bomb.pt"
+    path.write_bytes(_zip(bomb, {data_member: zipfile.ZIP_DEFLATED}))
+    del bomb
+    assert path.stat().st_size < 2 << 20
+    before = _rss_mb()
+    _expect(path, "<zip>", "zip bomb", data_member)
+    assert _rss_mb() - before < 64, "loading the bomb grew memory"
+
+
+def test_member_declaring_more_bytes_than_the_file(tiny, tmp_path):
+    """A central-directory entry whose sizes were edited to 4 GB."""
+    data = bytearray(tiny)
+    with zipfile.ZipFile(io.BytesIO(tiny)) as zf:
+        info = zf.infolist()[-1]
+    cd = data.rfind(b"PK\x01\x02" + data[data.rfind(b"PK\x01\x02") + 4: data.rfind(b"PK\x01\x02") + 6])
+    assert cd > 0
+    data[cd + 20: cd + 28] = (0xFFFF0000).to_bytes(4, "little") * 2   # compressed and uncompressed size
+    path = tmp_path / "huge-member.pt"
+    path.write_bytes(bytes(data))
+    err = _expect(path, "<zip>")
+    assert info.filename in str(err) or "declares" in str(err)
+
+
+def _retag(pkl: bytes, old: bytes, new: bytes) -> bytes:
+    assert old in pkl, (old, pkl[:200])
+    return pkl.replace(old, new, 1)
+
+
+def test_huge_declared_shape_names_the_field(tiny, tmp_path):
+    """q's header claims 1,000,000 tokens over its few-KB storage: refused as q, nothing allocated."""
+    members = _members(tiny)
+    T, H, D = 2, 1, 576
+    pkl = dict(members)[_pkl_name(members)]
+    # q's size tuple (T, H, D) = (2, 1, 576) is pickled as BININT1 2, BININT1 1, BININT2 576, TUPLE3
+    old = b"K\x02K\x01M\x40\x02\x87"
+    new = b"J\x40\x42\x0f\x00K\x01M\x40\x02\x87"                     # BININT 1,000,000
+    path = tmp_path / "huge-shape.pt"
+    path.write_bytes(_zip(_edit_pickle(members, lambda p: _retag(p, old, new))))
+    before = _rss_mb()
+    _expect(path, "q", "reaches past its storage")
+    assert _rss_mb() - before < 64
+
+
+def test_forged_storage_size_names_the_field(tiny, tmp_path):
+    """A storage that declares 2**31 elements while its record holds a few KB."""
+    members = _members(tiny)
+    pkl = dict(members)[_pkl_name(members)]
+    ops = list(pickletools.genops(pkl))
+    # the first persistent id: ('storage', type, key, 'cpu', numel) -> numel is the op before TUPLE
+    i = next(k for k, (op, arg, _) in enumerate(ops) if op.name == "BINUNICODE" and arg == "cpu")
+    j = next(k for k in range(i + 1, len(ops)) if ops[k][0].name.startswith("BININT"))
+    pos, op = ops[j][2], ops[j][0]
+    width = {"BININT1": 2, "BININT2": 3, "BININT": 5}[op.name]
+    forged = pkl[:pos] + b"J" + (2 ** 31 - 1).to_bytes(4, "little") + pkl[pos + width:]
+    path = tmp_path / "forged-storage.pt"
+    path.write_bytes(_zip(_edit_pickle(members, lambda p: forged)))
+    _expect(path, "q", "storage declares 2147483647 elements")
+
+
+def test_pickle_calling_a_global_is_refused_by_the_scan(tmp_path):
+    """Inside a torch zip, a REDUCE of os.system: the scan refuses it before torch.load runs."""
+    marker = tmp_path / "RAN"
+    torch.save({"format": "kdkit-case", "x": 1}, tmp_path / "base.pt")
+    members = _members((tmp_path / "base.pt").read_bytes())
+    evil = b"\x80\x02cos\nsystem\nq\x00X" + len(f"touch {marker}").to_bytes(4, "little") + \
+        f"touch {marker}".encode() + b"\x85R."
+    path = tmp_path / "evil.pt"
+    path.write_bytes(_zip(_edit_pickle(members, lambda p: evil)))
+    _expect(path, "<pickle>", "os.system", "nothing from it ran")
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("name,index", [("q", (1, 0, 7)), ("k", (0, 0, 3)), ("v", (1, 0, 500))])
+def test_nan_or_inf_in_what_the_kernel_reads(tmp_path, name, index):
+    case = make_case(bs=1, prefix=4, q_len=2, heads=1, tree="chain", seed=1)
+    getattr(case, name)[index] = float("nan") if name != "k" else float("inf")
+    path = case.save(tmp_path / f"{name}.pt")            # saving never refuses a capture
+    _expect(path, name, "NaN/inf at token", f"dim {index[-1]}", "allow_nonfinite=True")
+    assert load(path, allow_nonfinite=True).case_id == case.case_id
+
+
+def test_nan_in_a_pool_row_only_when_read(tmp_path):
+    case = make_case(bs=1, prefix=4, q_len=2, heads=1, tree="chain", seed=1, keep_pool=True)
+    assert torch.isnan(case.kv_buffer.float()).any()      # unused, poisoned rows: fine
+    load(case.save(tmp_path / "ok.pt"))
+    row = int(case.kv_indices[2])
+    case.kv_buffer[row, 0, 9] = float("nan")
+    _expect(case.save(tmp_path / "bad.pt"), "kv_buffer", f"pool row {row}", "dim 9")
+
+
+def test_mixed_dtypes(tmp_path):
+    case = make_case(bs=1, prefix=4, q_len=2, heads=1, tree="chain", seed=1)
+    path = case.clone(k=case.k.float()).save(tmp_path / "mixed.pt")
+    _expect(path, "k", "mixed dtypes", "k float32", "q bfloat16")
+    with pytest.raises(CaseError, match="mixed dtypes"):
+        load(path, allow_nonfinite=True)
+
+
+def test_oversized_file_is_refused_unread(tiny, tmp_path, monkeypatch):
+    monkeypatch.setattr(ptfile, "MAX_FILE_BYTES", 1000)
+    path = tmp_path / "big.pt"
+    path.write_bytes(tiny)
+    _expect(path, "<file>", "more than a case can be")
+
+
+# ---- fuzzing --------------------------------------------------------------------------------------
+FUZZ_FILES = int(os.environ.get("KDKIT_FUZZ_FILES", "10000"))
+
+
+def _mutants(tiny: bytes, rng: random.Random):
+    """Endless (kind, bytes): byte flips, truncations, garbage appended, and edits of the zip's
+    members (the pickle's bytes, a storage's bytes or length, a member dropped or duplicated)."""
+    members = _members(tiny)
+    pkl = _pkl_name(members)
+    while True:
+        kind = rng.randrange(8)
+        if kind == 0:                                        # flip 1..4 bytes anywhere
+            b = bytearray(tiny)
+            for _ in range(rng.randint(1, 4)):
+                b[rng.randrange(len(b))] ^= 1 << rng.randrange(8)
+            yield "flip", bytes(b)
+        elif kind == 1:                                      # truncate
+            yield "truncate", tiny[: rng.randrange(len(tiny))]
+        elif kind == 2:                                      # garbage appended / inserted
+            at = rng.randrange(len(tiny))
+            yield "insert", tiny[:at] + rng.randbytes(rng.randint(1, 64)) + tiny[at:]
+        elif kind == 3:                                      # the pickle's bytes flipped
+            p = bytearray(dict(members)[pkl])
+            for _ in range(rng.randint(1, 3)):
+                p[rng.randrange(len(p))] = rng.randrange(256)
+            yield "pickle-flip", _zip([(n, bytes(p) if n == pkl else d) for n, d in members])
+        elif kind == 4:                                      # the pickle cut short
+            p = dict(members)[pkl]
+            yield "pickle-cut", _zip([(n, p[: rng.randrange(len(p))] if n == pkl else d) for n, d in members])
+        elif kind == 5:                                      # a storage's bytes random, or resized
+            data = [n for n, _ in members if "/data/" in n]
+            victim = rng.choice(data)
+            d0 = dict(members)[victim]
+            new = rng.choice([rng.randbytes(len(d0)), d0[: rng.randrange(len(d0) + 1)], d0 + rng.randbytes(8)])
+            yield "storage", _zip([(n, new if n == victim else d) for n, d in members])
+        elif kind == 6:                                      # a member dropped or duplicated
+            i = rng.randrange(len(members))
+            ms = members[:i] + members[i + 1:] if rng.random() < 0.5 else members + [members[i]]
+            try:
+                yield "member", _zip(ms)
+            except Exception:                                # zipfile refuses some duplicates itself
+                continue
+        else:                                                # a central-directory field scribbled
+            b = bytearray(tiny)
+            cd = b.rfind(b"PK\x01\x02")
+            off = cd + rng.randrange(10, 46)
+            b[off] = rng.randrange(256)
+            yield "directory", bytes(b)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # zipfile warns of the duplicated members it writes
+def test_fuzz_only_case_errors(tiny, tmp_path):
+    """10,000 mutated files: load() raises CaseError or returns a case; never anything else, and
+    memory stays bounded. A surprise saves the file and names it."""
+    rng = random.Random(8)
+    path = tmp_path / "fuzz.pt"
+    before = _rss_mb()
+    kinds: dict = {}
+    loaded = 0
+    for n, (kind, data) in enumerate(_mutants(tiny, rng)):
+        if n >= FUZZ_FILES:
+            break
+        path.write_bytes(data)
+        try:
+            load(path)
+            loaded += 1
+        except CaseError as e:
+            assert str(path) in str(e) and "\n" not in str(e), f"{kind}: {e}"
+        except Exception as e:  # noqa: BLE001 - the point: nothing but CaseError may escape
+            keep = tmp_path / f"surprise-{n}-{kind}.pt"
+            keep.write_bytes(data)
+            pytest.fail(f"mutant {n} ({kind}) raised {type(e).__name__}: {e}; saved as {keep}")
+        kinds[kind] = kinds.get(kind, 0) + 1
+    assert sum(kinds.values()) == FUZZ_FILES and len(kinds) == 8, kinds
+    assert loaded < FUZZ_FILES // 2, "most mutants should be refused: is the fuzzer mutating anything?"
+    assert _rss_mb() - before < 256, f"memory grew by {_rss_mb() - before:.0f} MB over {FUZZ_FILES} files"
