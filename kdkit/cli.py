@@ -363,22 +363,35 @@ def cmd_replay(args) -> int:
 
 def add_report(p: argparse.ArgumentParser) -> None:
     _add_replay_common(p)
-    p.add_argument("--out", metavar="PATH", type=Path,
-                   help="report file, .html or .md (default: reports/<first case's id>.html)")
+    p.add_argument("-o", "--out", metavar="PATH", type=Path,
+                   help="a directory: one self-contained HTML page per case and index.html (pass/fail "
+                        "per case); or one report file, .html or .md (default: reports/<case id>.html "
+                        "for one case file, reports/<directory name>/ for a directory)")
 
 
 def cmd_report(args) -> int:
-    """Replay case files and write one self-contained report (HTML with figures, or Markdown).
+    """Replay case files (or directories of them) and write self-contained reports: HTML pages
+    with figures and an index, or one HTML or Markdown file.
 
     Exit codes as replay; nothing is written when an input cannot be used."""
-    from .report import FORMATS
-    if args.out:
-        _check_out(args.out, FORMATS)
+    from .report import FORMATS, is_report_dir, write_report_dir
+    dirs = [Path(c) for c in args.cases if Path(c).is_dir()]
     files = _usable_cases(args.cases)
-    out = args.out or Path("reports") / f"{_load(files[0]).case_id}.html"
-    _check_out(out, FORMATS)
+    out = args.out or (Path("reports") / dirs[0].resolve().name if dirs
+                       else Path("reports") / f"{_load(files[0]).case_id}.html")
+    if not is_report_dir(out):
+        _check_out(out, FORMATS)
+        done = _replay_all(args, files)
+        return max(done.rc, _write(done, out, args.force))
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise BadInput(f"{out}: cannot make the report directory ({e.strerror})")
     done = _replay_all(args, files)
-    return max(done.rc, _write(done, out, args.force))
+    index = write_report_dir(done.reports, out, sources=done.sources, cases=done.cases, stopped=done.stopped,
+                             force=args.force, backends=",".join(args.backends), against=args.against)
+    print(f"reports: {index} ({len(done.reports)} case pages, {len(done.stopped)} not replayed)")
+    return done.rc
 
 
 # ---- synth -------------------------------------------------------------------------------------

@@ -1,12 +1,16 @@
-"""Plotly figures over what kdkit.compare, kdkit.oracle and kdkit.replay already computed.
+"""Plotly figures over what kdkit.compare, kdkit.oracle, kdkit.replay and kdkit.bench_results
+already computed. Every figure is a function of a case, a replay report or a bench results dict.
 
-    error_heatmap(metrics, case_id, backend)   max |out - ref| per (query token, head)
-    kv_profile(case, token, head)              the oracle's probabilities along KV, with the mask
-    visibility_heatmap(case, b)                which KV columns each query row sees (prefix | draft)
-    metrics_bar(report)                        max_abs / mean_abs / limit per backend
+    metrics_bar(report)                          max_abs / mean_abs / limit per backend
+    error_heatmap(metrics, case_id, backend)     max |out - ref| per (head, query token)
+    kv_error(case, report, backend)              a backend's error attributed to the KV positions
+    kv_profile(case, token, head)                the oracle's probabilities along KV, with the mask
+    tree_mask(case, b)                           request b's draft tree drawn next to its mask
+    visibility_heatmap(case, b)                  which KV columns each query row sees (prefix | draft)
+    nsplit_heatmap / nsplit_lines / backends_vs_prefix / graph_replay   (bench results)
 
-Each returns a plotly Figure whose title names the case and the backend; no numbers are computed
-here that the other modules do not already provide.
+Titles are two short lines (what, then the numbers) anchored left, so a notebook's narrow output
+area does not clip them; token axes of a ragged batch carry the request boundaries.
 """
 from __future__ import annotations
 
@@ -15,32 +19,53 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from . import oracle as _oracle
+from . import trees as _trees
 from .compare import Metrics, Verdict
+from .layout import request_kv
 
-PREFIX_BINS = 128  # a prefix wider than this is drawn as bins (SGLang sees every prefix column)
+PREFIX_BINS = 128    # a prefix wider than this is drawn as bins (SGLang sees every prefix column)
+TITLE_SIZE = 15      # px; the detail line is drawn smaller (<sup>)
+VIS_COLORS = [[0, "#e8e8e8"], [1, "#1f77b4"]]   # masked, visible
+PASS_COLOR, FAIL_COLOR = "#2ca02c", "#d62728"
 
 
-def error_heatmap(m: Metrics | Verdict, case_id: str, backend: str, against: str = "oracle") -> go.Figure:
-    """Heatmap, head (y) x query token (x), of max |out - ref| over the 512 output dims."""
-    limit = None
-    if isinstance(m, Verdict):
-        limit, against, m = m.limit, m.against, m.metrics
-    z = np.asarray(m.per_token_head, dtype=float).T            # [H, T]
-    z = np.where(np.isfinite(z), z, np.nan)                    # plotly cannot draw inf
-    t, h, d = m.worst
-    title = (f"{case_id}: {backend} vs {against}, max |diff| per head x query token "
-             f"(worst {m.max_abs:.2e} at token {t} head {h} dim {d}"
-             + (f", limit {limit:.2e})" if limit is not None else ")"))
-    fig = go.Figure(go.Heatmap(z=z, x=list(range(z.shape[1])), y=list(range(z.shape[0])),
-                               colorscale="Viridis", colorbar={"title": "max |diff|"},
-                               hovertemplate="token %{x} head %{y}: %{z:.3e}<extra></extra>",
-                               name="max_abs"))
-    if m.nonfinite:
-        bad = ~np.isfinite(np.asarray(m.per_token_head, dtype=float))
-        tt, hh = np.nonzero(bad)
-        fig.add_trace(go.Scatter(x=tt, y=hh, mode="markers", name="non-finite",
-                                 marker={"symbol": "x", "color": "red", "size": 9}))
-    fig.update_layout(title=title, xaxis_title="query token", yaxis_title="head")
+# ---- shared pieces ----------------------------------------------------------------------------
+def title(head: str, detail: str | None = None) -> dict:
+    """A two-line title anchored left: plotly centres titles and clips whatever passes the right
+    edge, which in JupyterLab's output area (narrower than plotly's 700 px default) lost the numbers."""
+    text = head + (f"<br><sup>{detail}</sup>" if detail else "")
+    return {"text": text, "x": 0.0, "xref": "paper", "xanchor": "left", "font": {"size": TITLE_SIZE}}
+
+
+def _finish(fig: go.Figure, head: str, detail: str | None = None, **layout) -> go.Figure:
+    fig.update_layout(title=title(head, detail), margin={"t": 80 if detail else 56, "r": 24, "l": 64},
+                      **layout)
+    return fig
+
+
+def _bounds(qo_indptr) -> list[int]:
+    return [int(x) for x in (qo_indptr.tolist() if hasattr(qo_indptr, "tolist") else qo_indptr)]
+
+
+def mark_requests(fig: go.Figure, qo_indptr, axis: str = "x", row=None, col=None) -> go.Figure:
+    """Request boundaries on a query-token axis: a line between requests and each request's number.
+
+    Drawn only for a batch of more than one request (a single request has no boundary)."""
+    qo = _bounds(qo_indptr)
+    if len(qo) <= 2:
+        return fig
+    line = {"color": "white", "width": 2, "dash": "dot"}
+    for b in range(len(qo) - 1):
+        if b:
+            if axis == "x":
+                fig.add_vline(x=qo[b] - 0.5, line=line, row=row, col=col)
+            else:
+                fig.add_hline(y=qo[b] - 0.5, line=line, row=row, col=col)
+        if qo[b + 1] > qo[b]:
+            mid = (qo[b] + qo[b + 1] - 1) / 2
+            where = ({"x": mid, "y": 1.0, "yref": "y domain", "yanchor": "bottom"} if axis == "x"
+                     else {"y": mid, "x": 1.0, "xref": "x domain", "xanchor": "left"})
+            fig.add_annotation(text=f"r{b}", showarrow=False, font={"size": 10}, row=row, col=col, **where)
     return fig
 
 
@@ -52,37 +77,195 @@ def _request_of(case, token: int) -> tuple[int, int]:
     return b, token - qo[b]
 
 
+def _row(case, b: int, i: int, head: int, probs=None):
+    """(probabilities [kv], visible [kv], prefix_len) of row i of request b, one head: from
+    `probs` (oracle.run(..., with_probs=True)[2]) when given, else computed for that row alone."""
+    if probs is not None:
+        rp = probs[b]
+        return rp.probs[i, head], rp.visible[i], rp.prefix_len
+    rp = _oracle.row_probs(case, b, i, head)
+    return rp.probs[0, 0], rp.visible[0], rp.prefix_len
+
+
+def _check_head(case, head: int) -> None:
+    if not 0 <= head < case.num_heads:
+        raise IndexError(f"head {head} outside 0..{case.num_heads - 1}")
+
+
+def _kv_strip(fig: go.Figure, visible: np.ndarray, prefix_len: int) -> None:
+    """Row 2 of a KV figure: the row's visibility as one categorical cell per KV column, centred on
+    the same integer positions as the bars above (a 0/1 line on a continuous axis sat half a
+    column off and grew ticks like 1.03)."""
+    x = np.arange(visible.shape[0])
+    fig.add_trace(go.Heatmap(z=[visible.astype(float)], x=x, y=["mask"], zmin=0, zmax=1,
+                             colorscale=VIS_COLORS, showscale=False, name="visible (mask)", xgap=1,
+                             customdata=[np.where(visible, "visible", "masked")],
+                             hovertemplate="kv %{x}: %{customdata}<extra></extra>"), row=2, col=1)
+    for r in (1, 2):
+        if 0 < prefix_len < visible.shape[0]:
+            fig.add_vline(x=prefix_len - 0.5, line={"dash": "dash", "color": "#444"}, row=r, col=1)
+    fig.add_annotation(x=(prefix_len - 1) / 2 if prefix_len else -0.5, y=1.0, yref="y domain",
+                       text=f"prefix ({prefix_len})", showarrow=False, yanchor="bottom", row=1, col=1)
+    fig.add_annotation(x=prefix_len + (visible.shape[0] - prefix_len - 1) / 2, y=1.0, yref="y domain",
+                       text=f"draft ({visible.shape[0] - prefix_len})", showarrow=False, yanchor="bottom",
+                       row=1, col=1)
+    fig.update_xaxes(title_text="KV position (prefix, then draft)", row=2, col=1)
+    fig.update_xaxes(range=[-0.5, visible.shape[0] - 0.5])
+
+
+def _kv_figure() -> go.Figure:
+    return make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.86, 0.14],
+                         vertical_spacing=0.04)
+
+
+# ---- replay figures ---------------------------------------------------------------------------
+def error_heatmap(m: Metrics | Verdict, case_id: str, backend: str, against: str = "oracle",
+                  qo_indptr=None) -> go.Figure:
+    """Heatmap, head (y) x query token (x), of max |out - ref| over the 512 output dims.
+    qo_indptr (the case's) marks the request boundaries of a ragged batch."""
+    limit = None
+    if isinstance(m, Verdict):
+        limit, against, m = m.limit, m.against, m.metrics
+    z = np.asarray(m.per_token_head, dtype=float).T            # [H, T]
+    z = np.where(np.isfinite(z), z, np.nan)                    # plotly cannot draw inf
+    t, h, d = m.worst
+    fig = go.Figure(go.Heatmap(z=z, x=list(range(z.shape[1])), y=list(range(z.shape[0])),
+                               colorscale="Viridis", colorbar={"title": "max |diff|"},
+                               hovertemplate="token %{x} head %{y}: %{z:.3e}<extra></extra>",
+                               name="max_abs"))
+    if m.nonfinite:
+        bad = ~np.isfinite(np.asarray(m.per_token_head, dtype=float))
+        tt, hh = np.nonzero(bad)
+        fig.add_trace(go.Scatter(x=tt, y=hh, mode="markers", name="non-finite",
+                                 marker={"symbol": "x", "color": "red", "size": 9}))
+    if qo_indptr is not None:
+        mark_requests(fig, qo_indptr, "x")
+    detail = (f"max |diff| per head x query token; worst {m.max_abs:.2e} at token {t} head {h} dim {d}"
+              + (f", limit {limit:.2e}" if limit is not None else ""))
+    return _finish(fig, f"{case_id}: {backend} vs {against}", detail,
+                   xaxis_title="query token", yaxis_title="head")
+
+
 def kv_profile(case, token: int, head: int, backend: str | None = None, probs=None) -> go.Figure:
     """The oracle's softmax row of (token, head) along the request's KV positions, with its mask.
 
     A backend's own probabilities are not observable (kernels return only out and LSE), so this
-    shows where the mass should be: a backend error that peaks on this row usually means a column
-    it saw or missed, which the mask trace locates. `probs` may pass oracle.run(..., with_probs=True)[2].
+    shows where the mass should be; kv_error shows where a backend's error came from.
+    `probs` may pass oracle.run(..., with_probs=True)[2].
     """
-    if not 0 <= head < case.num_heads:
-        raise IndexError(f"head {head} outside 0..{case.num_heads - 1}")
+    _check_head(case, head)
     b, i = _request_of(case, token)
-    if probs is None:  # this one row only: the oracle itself ran once, in replay
-        rp = _oracle.row_probs(case, b, i, head)
-        p_row, vis = rp.probs[0, 0], rp.visible[0]
-    else:
-        rp = probs[b]
-        p_row, vis = rp.probs[i, head], rp.visible[i]
-    x = np.arange(p_row.shape[0])
-    fig = go.Figure()
-    fig.add_trace(go.Bar(x=x, y=p_row, name="oracle probability",
-                         hovertemplate="kv %{x}: p=%{y:.3e}<extra></extra>"))
-    fig.add_trace(go.Scatter(x=x, y=vis.astype(float), mode="lines", line={"shape": "hv"},
-                             name="visible (mask)", yaxis="y2"))
-    if rp.prefix_len > 0:
-        fig.add_vline(x=rp.prefix_len - 0.5, line_dash="dash",
-                      annotation_text=f"prefix {rp.prefix_len} | draft", annotation_position="top")
+    p_row, vis, prefix_len = _row(case, b, i, head, probs)
+    fig = _kv_figure()
+    fig.add_trace(go.Bar(x=np.arange(p_row.shape[0]), y=p_row, name="oracle probability",
+                         marker_color="#1f77b4", hovertemplate="kv %{x}: p=%{y:.3e}<extra></extra>"),
+                  row=1, col=1)
+    _kv_strip(fig, vis, prefix_len)
+    fig.update_yaxes(title_text="probability", row=1, col=1)
     who = f", worst row of {backend}" if backend else ""
-    fig.update_layout(
-        title=f"{case.case_id}: oracle probabilities, token {token} (request {b} row {i}) head {head}{who}",
-        xaxis_title="KV position (prefix, then draft)", yaxis_title="probability",
-        yaxis2={"overlaying": "y", "side": "right", "range": [-0.05, 1.05], "title": "visible"})
-    return fig
+    return _finish(fig, f"{case.case_id}: oracle probabilities",
+                   f"token {token} head {head} (request {b} row {i}{who}); "
+                   f"{int(vis.sum())} of {vis.shape[0]} KV columns visible",
+                   showlegend=False)
+
+
+def implied_dp(case, out, ref, token: int, head: int) -> tuple[np.ndarray, int, float]:
+    """(dp [kv_len], request, residual): the change of attention weights along request b's KV
+    positions that explains out - ref on (token, head) best, min ||dp @ V - (out - ref)|| (least
+    squares; the minimum-norm one when kv_len > 512 = v_head_dim). A column a backend saw but must
+    not, or missed, shows as +p / -p there. residual = the part of the error no weighting of V
+    explains (wrong V, scale of the output itself) relative to |out - ref|."""
+    b, _ = _request_of(case, token)
+    _, V, _ = request_kv(case, b)
+    V = V.detach().cpu().double().numpy()                               # [kv, 512]
+    d = (np.asarray(_f64(out)[token, head]) - np.asarray(_f64(ref)[token, head]))
+    if not np.isfinite(d).all():
+        return np.full(V.shape[0], np.nan), b, float("nan")
+    dp, *_ = np.linalg.lstsq(V.T, d, rcond=None)
+    nd = float(np.linalg.norm(d))
+    resid = float(np.linalg.norm(V.T @ dp - d)) / nd if nd > 0 else 0.0
+    return dp, b, resid
+
+
+def _f64(x) -> np.ndarray:
+    return x.detach().cpu().double().numpy() if hasattr(x, "detach") else np.asarray(x, dtype=np.float64)
+
+
+def kv_error(case, report, backend: str, token: int | None = None, head: int | None = None,
+             probs=None) -> go.Figure:
+    """A backend's error on one (token, head) row (default: its worst), attributed to the KV
+    positions by implied_dp (the oracle's p of each column in the hover), over the row's mask.
+    report.outputs must hold the backend's output and the reference's (kdkit.replay keeps them)."""
+    row = report.row(backend)
+    outs = getattr(report, "outputs", None) or {}
+    if backend not in outs or report.against not in outs:
+        raise ValueError(f"the report holds no output of {backend!r} or of {report.against!r}: "
+                         "replay it with this kdkit (ReplayReport.outputs)")
+    if token is None or head is None:
+        if row.verdict is None:
+            raise ValueError(f"{backend} was not judged ({row.status}): give token and head")
+        token, head, _ = (int(x) for x in row.verdict.metrics.worst)
+    _check_head(case, head)
+    dp, b, resid = implied_dp(case, outs[backend], outs[report.against], token, head)
+    _, i = _request_of(case, token)
+    p, vis, prefix_len = _row(case, b, i, head, probs)
+    fig = _kv_figure()
+    # red: weight the backend put where the reference has less; blue: weight it missed (a column
+    # dropped entirely shows as -p there, p being the reference's probability, in the hover)
+    fig.add_trace(go.Bar(x=np.arange(dp.shape[0]), y=dp, customdata=p, name="implied weight change",
+                         marker_color=np.where(dp >= 0, "#d62728", "#1f77b4"),
+                         hovertemplate="kv %{x}: dp=%{y:.3e} (oracle p=%{customdata:.3e})<extra></extra>"),
+                  row=1, col=1)
+    _kv_strip(fig, vis, prefix_len)
+    fig.update_yaxes(title_text=f"weight change, {backend} - {report.against}", row=1, col=1)
+    kv = dp.shape[0]
+    how = "least squares" if kv <= case.v_head_dim else f"min-norm (kv {kv} > {case.v_head_dim})"
+    j = int(np.nanargmax(np.abs(dp))) if np.isfinite(dp).any() else 0
+    how += f"; largest {dp[j]:+.1e} at kv {j} (oracle p {p[j]:.1e})"
+    return _finish(fig, f"{case.case_id}: {backend} error along KV",
+                   f"token {token} head {head} (request {b} row {i}); {how}; unexplained {resid:.0%}",
+                   showlegend=False)
+
+
+def tree_mask(case, b: int = 0) -> go.Figure:
+    """Request b's draft tree (left: node i on row i, at its depth, joined to its parent) next to
+    its q_len x q_len tree mask (right: row i sees column j), rows aligned."""
+    if not 0 <= b < case.batch_size:
+        raise IndexError(f"request {b} outside 0..{case.batch_size - 1}")
+    blk = _oracle.draft_visibility(case, b)
+    n = blk.shape[0]
+    parents = _trees.parents_from_block(blk)
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.04,
+                        column_widths=[0.4, 0.6], subplot_titles=["draft tree", "tree mask (draft columns)"])
+    if parents is not None:
+        depth = blk.sum(axis=1) - 1
+        ex, ey = [], []
+        for i, par in enumerate(parents):
+            if par >= 0:
+                ex += [depth[par], depth[i], None]
+                ey += [par, i, None]
+        fig.add_trace(go.Scatter(x=ex, y=ey, mode="lines", line={"color": "#999", "width": 1},
+                                 hoverinfo="skip", name="edge"), row=1, col=1)
+        fig.add_trace(go.Scatter(x=depth, y=list(range(n)), mode="markers+text" if n <= 40 else "markers",
+                                 text=[str(i) for i in range(n)], textposition="middle right",
+                                 marker={"size": 8 if n <= 64 else 5, "color": "#1f77b4"},
+                                 customdata=[[p] for p in parents], name="node",
+                                 hovertemplate="node %{y} depth %{x} parent %{customdata[0]}<extra></extra>"),
+                      row=1, col=1)
+        fig.update_xaxes(title_text="depth", dtick=1, row=1, col=1)
+        what = f"{n} nodes, depth {int(depth.max()) if n else 0}"
+    else:
+        fig.add_annotation(text="the mask is not a tree<br>(a row does not see exactly<br>its ancestors)",
+                           x=0.5, y=0.5, xref="x domain", yref="y domain", showarrow=False, row=1, col=1)
+        what = "not a tree"
+    fig.add_trace(go.Heatmap(z=blk.astype(float), x=list(range(n)), y=list(range(n)), zmin=0, zmax=1,
+                             colorscale=VIS_COLORS, showscale=False, xgap=1 if n <= 64 else 0,
+                             ygap=1 if n <= 64 else 0, name="mask",
+                             hovertemplate="row %{y} sees col %{x}: %{z}<extra></extra>"), row=1, col=2)
+    fig.update_yaxes(autorange="reversed", title_text="draft row = tree node", row=1, col=1)
+    fig.update_xaxes(title_text="draft column", row=1, col=2)
+    return _finish(fig, f"{case.case_id}: request {b}, tree and mask",
+                   f"q_len {n}, prefix {int(case.prefix_lens[b])}; {what}", showlegend=False)
 
 
 def visibility_heatmap(case, b: int = 0) -> go.Figure:
@@ -98,40 +281,191 @@ def visibility_heatmap(case, b: int = 0) -> go.Figure:
     widths = [max(1, len(px)), max(1, n)]
     fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.03,
                         column_widths=[w / sum(widths) for w in widths],
-                        subplot_titles=[f"prefix ({p} columns{', binned' if p > PREFIX_BINS else ''})",
-                                        f"draft ({n} columns, tree mask)"])
-    cs = [[0, "#f2f2f2"], [1, "#1f77b4"]]
-    fig.add_trace(go.Heatmap(z=pre, x=px, y=list(range(n)), zmin=0, zmax=1, colorscale=cs,
+                        subplot_titles=[f"prefix ({p}{', binned' if p > PREFIX_BINS else ''})",
+                                        f"draft ({n}, tree mask)"])
+    fig.add_trace(go.Heatmap(z=pre, x=px, y=list(range(n)), zmin=0, zmax=1, colorscale=VIS_COLORS,
                              showscale=False, name="prefix",
                              hovertemplate="row %{y} prefix %{x}: visible<extra></extra>"), row=1, col=1)
     fig.add_trace(go.Heatmap(z=draft, x=list(range(n)), y=list(range(n)), zmin=0, zmax=1,
-                             colorscale=cs, showscale=False, name="draft",
+                             colorscale=VIS_COLORS, showscale=False, name="draft",
                              hovertemplate="row %{y} draft col %{x}: %{z}<extra></extra>"), row=1, col=2)
     fig.update_yaxes(autorange="reversed", title_text="query row (draft token)", row=1, col=1)
     fig.update_xaxes(title_text="KV position", row=1, col=1)
     fig.update_xaxes(title_text="draft column", row=1, col=2)
-    fig.update_layout(title=f"{case.case_id}: visibility of request {b} (q_len {n}, prefix {p})")
-    return fig
+    return _finish(fig, f"{case.case_id}: visibility of request {b}", f"q_len {n}, prefix {p}")
 
 
 def metrics_bar(report) -> go.Figure:
-    """Per backend: max_abs and mean_abs bars and the limit it was held to (log scale)."""
+    """Per backend: max_abs and mean_abs bars and the limit it was held to (log scale). An error
+    of exactly 0 (the reference against itself) has no place on a log axis: it is written "exact"."""
     rows = [r for r in report.rows if r.verdict is not None]
     names = [r.backend for r in rows]
-    tiny = 1e-12  # a log axis cannot draw 0 (the reference against itself)
 
     def vals(f):
-        return [max(f(r.verdict), tiny) if np.isfinite(f(r.verdict)) else None for r in rows]
+        return [f(r.verdict) if np.isfinite(f(r.verdict)) and f(r.verdict) > 0 else None for r in rows]
 
     fig = go.Figure()
     fig.add_trace(go.Bar(x=names, y=vals(lambda v: v.metrics.max_abs), name="max_abs",
-                         marker_color=["#2ca02c" if r.status == "pass" else "#d62728" for r in rows]))
+                         marker_color=[PASS_COLOR if r.status == "pass" else FAIL_COLOR for r in rows]))
     fig.add_trace(go.Bar(x=names, y=vals(lambda v: v.metrics.mean_abs), name="mean_abs",
                          marker_color="#7f7f7f"))
     fig.add_trace(go.Scatter(x=names, y=vals(lambda v: v.limit), mode="markers", name="limit",
                              marker={"symbol": "line-ew-open", "size": 30, "line": {"width": 3}}))
+    for r in rows:
+        m = r.verdict.metrics
+        if m.max_abs == 0:
+            fig.add_annotation(x=r.backend, y=0, yref="y domain", yanchor="bottom", showarrow=False,
+                               text="exact<br>(0 error)", font={"color": PASS_COLOR})
+        elif not np.isfinite(m.max_abs):
+            fig.add_annotation(x=r.backend, y=0, yref="y domain", yanchor="bottom", showarrow=False,
+                               text=f"{m.nonfinite} non-finite", font={"color": FAIL_COLOR})
     skipped = [f"{r.backend} ({r.status})" for r in report.rows if r.verdict is None]
-    fig.update_layout(barmode="group", yaxis_type="log", yaxis_title=f"|diff| vs {report.against}",
-                      title=f"{report.case_id}: backends vs {report.against}"
-                            + (f"; not judged: {', '.join(skipped)}" if skipped else ""))
-    return fig
+    return _finish(fig, f"{report.case_id}: backends vs {report.against}",
+                   f"not judged: {', '.join(skipped)}" if skipped else "every backend judged",
+                   barmode="group", yaxis_type="log", yaxis_title=f"|diff| vs {report.against}")
+
+
+# ---- bench figures (kdkit.bench_results dicts) ------------------------------------------------
+def _label(results: dict) -> str:
+    return f"{results.get('gpu', '?')} ({results.get('date', '?')})"
+
+
+def nsplit_heatmap(results: dict, metric: str = "gbps", bs: int = 1, q_len: int | None = None,
+                   heads: int | None = None, graph: bool = False) -> go.Figure:
+    """The CUDA kernel's NSPLIT (y) x prefix length (x) grid of `metric` ("gbps", "roofline_frac"
+    or "us"), one shape (bs, q_len, heads), with the automatic NSPLIT of each prefix marked."""
+    from . import bench_results as br
+    rows = br.select(results, backend="cuda", bs=bs, q_len=q_len, heads=heads, graph=graph,
+                     nsplit_auto=False)
+    if not rows:
+        raise ValueError(f"no cuda rows for bs={bs} q_len={q_len} heads={heads} graph={graph} "
+                         f"in {_label(results)}; shapes there: {br.shapes(results)}")
+    prefixes = sorted({r["prefix"] for r in rows})
+    nsplits = sorted({r["nsplit"] for r in rows})
+    z = np.full((len(nsplits), len(prefixes)), np.nan)
+    for r in rows:
+        z[nsplits.index(r["nsplit"]), prefixes.index(r["prefix"])] = r[metric]
+    xs, ys = [str(p) for p in prefixes], [str(s) for s in nsplits]
+    fmt = {"gbps": ".0f", "roofline_frac": ".0%", "us": ".1f"}.get(metric, ".3g")
+    fig = go.Figure(go.Heatmap(z=z, x=xs, y=ys, colorscale="Viridis", colorbar={"title": metric},
+                               texttemplate="%{z:" + fmt + "}",
+                               hovertemplate="prefix %{x} nsplit %{y}: %{z:" + fmt + "}<extra></extra>"))
+    auto = br.select(results, backend="cuda", bs=bs, q_len=q_len, heads=heads, graph=graph, nsplit_auto=True)
+    ax = [(str(r["prefix"]), str(r["nsplit"])) for r in auto if str(r["nsplit"]) in ys]
+    if ax:
+        fig.add_trace(go.Scatter(x=[a for a, _ in ax], y=[s for _, s in ax], mode="markers", name="auto NSPLIT",
+                                 marker={"symbol": "square-open", "size": 26, "color": "red", "line": {"width": 3}}))
+    shape = br.shape_text(rows[0])
+    what = {"gbps": "GB/s", "roofline_frac": "fraction of the roofline", "us": "time (us)"}.get(metric, metric)
+    return _finish(fig, f"CUDA kernel {what}: NSPLIT x prefix",
+                   f"{shape}{', graph replay' if graph else ''}; {_label(results)}; red squares: the automatic NSPLIT",
+                   xaxis={"title": "prefix length", "type": "category"},
+                   yaxis={"title": "NSPLIT", "type": "category"}, legend={"orientation": "h", "y": -0.2})
+
+
+def nsplit_lines(results: dict, bs: int = 1, q_len: int | None = None, heads: int | None = None,
+                 graph: bool = False) -> go.Figure:
+    """GB/s against the prefix length, one line per NSPLIT, the automatic choice as its own line."""
+    from . import bench_results as br
+    rows = br.select(results, backend="cuda", bs=bs, q_len=q_len, heads=heads, graph=graph)
+    if not rows:
+        raise ValueError(f"no cuda rows for bs={bs} q_len={q_len} heads={heads} in {_label(results)}")
+    fig = go.Figure()
+    for ns in sorted({r["nsplit"] for r in rows if not r["nsplit_auto"]}):
+        sel = sorted((r for r in rows if r["nsplit"] == ns and not r["nsplit_auto"]), key=lambda r: r["prefix"])
+        fig.add_trace(go.Scatter(x=[r["prefix"] for r in sel], y=[r["gbps"] for r in sel],
+                                 mode="lines+markers", name=f"nsplit {ns}"))
+    auto = sorted((r for r in rows if r["nsplit_auto"]), key=lambda r: r["prefix"])
+    if auto:
+        fig.add_trace(go.Scatter(x=[r["prefix"] for r in auto], y=[r["gbps"] for r in auto],
+                                 mode="lines+markers+text", name="auto", text=[str(r["nsplit"]) for r in auto],
+                                 textposition="top center", line={"color": "black", "width": 3, "dash": "dash"}))
+    if results.get("copy_gbps"):
+        fig.add_hline(y=results["copy_gbps"], line_dash="dot",
+                      annotation_text=f"copy {results['copy_gbps']:.0f} GB/s", annotation_position="top left")
+    return _finish(fig, "CUDA kernel GB/s per NSPLIT",
+                   f"{br.shape_text(rows[0])}; {_label(results)}; labels on 'auto': the NSPLIT it chose",
+                   xaxis={"title": "prefix length", "type": "log"}, yaxis_title="GB/s")
+
+
+def backends_vs_prefix(results: dict, bs: int = 1, q_len: int | None = None, heads: int | None = None,
+                       metric: str = "us") -> go.Figure:
+    """Every backend on the same shapes: time (or GB/s) against the prefix length; for the CUDA
+    kernel its automatic NSPLIT, eager launches."""
+    from . import bench_results as br
+    fig = go.Figure()
+    shape = None
+    for be in br.BACKENDS:
+        rows = br.select(results, backend=be, bs=bs, q_len=q_len, heads=heads, graph=False)
+        if be == "cuda":
+            rows = [r for r in rows if r["nsplit_auto"]]
+        rows = sorted(rows, key=lambda r: r["prefix"])
+        if rows:
+            shape = shape or br.shape_text(rows[0])
+            fig.add_trace(go.Scatter(x=[r["prefix"] for r in rows], y=[r[metric] for r in rows],
+                                     mode="lines+markers", name=br.BACKENDS[be]))
+    floor = sorted(br.select(results, backend="cuda", bs=bs, q_len=q_len, heads=heads, graph=False,
+                             nsplit_auto=True), key=lambda r: r["prefix"])
+    if metric == "us" and floor:
+        fig.add_trace(go.Scatter(x=[r["prefix"] for r in floor], y=[r["floor_us"] for r in floor],
+                                 mode="lines", name="roofline floor", line={"dash": "dot", "color": "#999"}))
+    if not fig.data:
+        raise ValueError(f"no rows for bs={bs} q_len={q_len} heads={heads} in {_label(results)}")
+    return _finish(fig, "every backend on the same shapes", f"{shape}; {_label(results)}",
+                   xaxis={"title": "prefix length", "type": "log"},
+                   yaxis={"title": "median time (us)" if metric == "us" else metric,
+                          "type": "log" if metric == "us" else "linear"})
+
+
+def graph_replay(results: dict, bs: int = 1, q_len: int | None = None, heads: int | None = None) -> go.Figure:
+    """The CUDA kernel at its automatic NSPLIT: eager launches against CUDA graph replay."""
+    from . import bench_results as br
+    fig = go.Figure()
+    shape = None
+    for graph in (False, True):
+        rows = sorted(br.select(results, backend="cuda", bs=bs, q_len=q_len, heads=heads, graph=graph,
+                                nsplit_auto=True), key=lambda r: r["prefix"])
+        if rows:
+            shape = shape or br.shape_text(rows[0])
+            fig.add_trace(go.Bar(x=[str(r["prefix"]) for r in rows], y=[r["us"] for r in rows],
+                                 name="graph replay" if graph else "eager launch"))
+    if not fig.data:
+        raise ValueError(f"no automatic-NSPLIT cuda rows for bs={bs} q_len={q_len} heads={heads} in {_label(results)}")
+    return _finish(fig, "CUDA kernel: eager launch vs graph replay", f"{shape}; {_label(results)}", barmode="group",
+                   xaxis={"title": "prefix length", "type": "category"}, yaxis_title="median time (us)")
+
+
+# ---- the figure set of one replay (notebooks and reports draw the same) ------------------------
+def worst_row(report) -> tuple[str | None, int, int]:
+    """(backend, token, head) of the largest error among the judged backends but the reference;
+    (None, 0, 0) when none was judged."""
+    judged = [r for r in report.rows if r.verdict is not None and r.backend != report.against]
+    if not judged:
+        return None, 0, 0
+    w = max(judged, key=lambda r: r.verdict.metrics.max_abs)
+    t, h, _ = (int(x) for x in w.verdict.metrics.worst)
+    return w.backend, t, h
+
+
+def replay_figures(case, report, token: int | None = None, head: int | None = None, probs=None) -> dict:
+    """name -> figure for one replayed case: the metrics; per judged backend its error heatmap;
+    the worst backend's error along KV; the request's tree and mask, its visibility; the oracle's
+    probabilities. token/head pick the row (None or -1: the worst row). Needs a case the oracle
+    can read (a mis-marshaled one gets the metrics alone)."""
+    figs = {"metrics": metrics_bar(report)}
+    for r in report.rows:
+        if r.verdict is not None and r.backend != report.against:
+            figs[f"error {r.backend}"] = error_heatmap(r.verdict, report.case_id, r.backend,
+                                                       qo_indptr=case.qo_indptr)
+    if "oracle" not in (getattr(report, "outputs", None) or {}):
+        return figs  # the oracle could not run this case: its inputs are broken (see the lint)
+    backend, wt, wh = worst_row(report)
+    token = wt if token is None or token < 0 else token
+    head = wh if head is None or head < 0 else head
+    b = _request_of(case, token)[0]
+    if backend is not None:
+        figs[f"kv error {backend}"] = kv_error(case, report, backend, token, head, probs=probs)
+    figs["tree"] = tree_mask(case, b)
+    figs["visibility"] = visibility_heatmap(case, b)
+    figs["probabilities"] = kv_profile(case, token, head, probs=probs)
+    return figs

@@ -48,6 +48,9 @@ class ReplayReport:
     label: str = ""                            # the case's short label for log lines (L56, case id)
     production: str | None = None              # which backend gave the production error, if any
     lint_error: str | None = None              # why lint findings are missing, if they are
+    # each backend that ran (the oracle included) -> its output [T, H, 512]: what kdkit.plots.kv_error
+    # attributes to KV positions; kept out of repr (a few MB for large cases)
+    outputs: dict = field(default_factory=dict, repr=False)
 
     @property
     def passed(self) -> bool:
@@ -169,7 +172,8 @@ def replay(case, backends: str | Iterable[str], against: str = "oracle", run_lin
 
     def report(rows, prod_name=None):
         return ReplayReport(case_id=case.case_id, summary=case.summary(), against=against, rows=rows,
-                            lint=lint, label=case.label, production=prod_name, lint_error=lint_error)
+                            lint=lint, label=case.label, production=prod_name, lint_error=lint_error,
+                            outputs={n: r[0].out for n, r in results.items()})
 
     # the oracle once: every judgement and the production error hang off it
     results: dict[str, tuple] = {}

@@ -9,8 +9,9 @@ A report never overwrites an existing file unless asked (force=True / --force): 
 from __future__ import annotations
 
 import datetime as _dt
-import html
 import os
+import re
+import sys
 import platform
 from importlib import metadata
 from pathlib import Path
@@ -227,25 +228,14 @@ def _lint_text(rep) -> str:
 
 
 def report_figures(rep, case: Case | None = None) -> list:
-    """The figures of one replay: metrics per backend, the error heatmap (head x query token) of
-    every judged backend but the reference itself, and, given the case, the visibility of the
-    request that holds the worst backend's worst row and the oracle's probabilities on that row."""
+    """The figures of one replay: the metrics per backend, and given the case the rest of
+    kdkit.plots.replay_figures (error heatmaps, error along KV, tree and mask, visibility,
+    probabilities on the worst row): what replay.ipynb draws."""
     from . import plots
-    figs = [plots.metrics_bar(rep)]
-    judged = [r for r in rows_of(rep) if r.verdict is not None and r.backend != rep.against]
-    for r in judged:
-        figs.append(plots.error_heatmap(r.verdict, rep.case_id, r.backend))
-    if case is not None:
-        if not judged:
-            figs.append(plots.visibility_heatmap(case, 0))
-            return figs
-        worst = max(judged, key=lambda r: r.verdict.metrics.max_abs)
-        token, head, _ = (int(x) for x in worst.verdict.metrics.worst)
-        starts = case.qo_indptr.long().tolist()
-        b = max(i for i in range(case.batch_size) if starts[i] <= token)  # the request of that row
-        figs.append(plots.visibility_heatmap(case, b))
-        figs.append(plots.kv_profile(case, token, head, backend=worst.backend))
-    return figs
+    if case is None:
+        return [plots.metrics_bar(rep)] + [plots.error_heatmap(r.verdict, rep.case_id, r.backend)
+                                           for r in rows_of(rep) if r.verdict is not None and r.backend != rep.against]
+    return list(plots.replay_figures(case, rep).values())
 
 
 def _figures(rep, case=None) -> tuple[list, str | None]:
@@ -303,58 +293,41 @@ def render_markdown(reports: list, sources: list | None = None, stopped: list | 
     return "\n".join(out).rstrip() + "\n"
 
 
-_CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
-pre{background:#f6f8fa;padding:.8em;overflow-x:auto;font-size:13px;line-height:1.35}
-table.m td{padding:.1em .8em .1em 0} h2{border-bottom:1px solid #ddd;padding-bottom:.2em}
-.fail{color:#b00020;font-weight:bold} .ok{color:#1b5e20;font-weight:bold} .note{color:#666}"""
+def _templates():
+    import jinja2
+    return jinja2.Environment(loader=jinja2.PackageLoader("kdkit", "templates"), autoescape=True,
+                              trim_blocks=True, lstrip_blocks=True)
+
+
+def _written() -> str:
+    return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+def _section(rep, source=None, case=None, figures: bool = True, with_js: bool = True) -> dict:
+    """What the HTML template shows of one replay; figures as HTML snippets, plotly.js inlined in
+    the first one when with_js (once per page, so that the page works without a network)."""
+    ok, line = outcome(rep)
+    sec = {"case_id": str(getattr(rep, "case_id", "case")), "source": source, "summary": _summary(rep),
+           "ok": ok, "outcome": line, "lint": _lint_text(rep), "table": rep.table(), "ran": ran(rep),
+           "seeds": list(rep.seed_lines()), "skipped": skipped(rep), "figures": [], "figures_note": None}
+    if figures:
+        figs, sec["figures_note"] = _figures(rep, case)
+        for fig in figs:
+            sec["figures"].append(fig.to_html(full_html=False, include_plotlyjs=with_js))
+            with_js = False
+    return sec
 
 
 def render_html(reports: list, sources: list | None = None, figures: bool = True,
-                cases: list | None = None, stopped: list | None = None) -> str:
-    esc = html.escape
-    m = machine()
-    body = [f"<h1>kdkit replay report</h1><p class='note'>Written "
-            f"{esc(_dt.datetime.now().astimezone().isoformat(timespec='seconds'))} by kdkit {esc(m['kdkit'])}.</p>",
-            "<h2>Machine</h2><table class='m'>"]
-    body += [f"<tr><td>{esc(k)}</td><td>{esc(str(v))}</td></tr>" for k, v in m.items()]
-    body.append("</table>")
-    js_included = False
+                cases: list | None = None, stopped: list | None = None, index: str | None = None) -> str:
+    at = (lambda xs, i: xs[i] if xs and i < len(xs) else None)
+    sections = []
     for i, rep in enumerate(reports):
-        src = sources[i] if sources and i < len(sources) else None
-        ok, line = outcome(rep)
-        verdict = f"<span class='{'ok' if ok else 'fail'}'>{esc(line if ok else 'FAIL: ' + line)}</span>"
-        body.append(f"<h2>{esc(str(getattr(rep, 'case_id', f'case {i}')))}</h2>")
-        if src:
-            body.append(f"<p>File: <code>{esc(str(src))}</code></p>")
-        body.append(f"<p>{esc(_summary(rep))}</p><p>{verdict}</p>")
-        body.append(f"<h3>Lint</h3><pre>{esc(_lint_text(rep))}</pre>")
-        body.append(f"<h3>Backends</h3><pre>{esc(rep.table())}</pre>")
-        if ran(rep):
-            body.append("<h3>What ran</h3><ul>" + "".join(f"<li>{esc(x)}</li>" for x in ran(rep)) + "</ul>")
-        seeds = list(rep.seed_lines())
-        if seeds:
-            body.append(f"<h3>Seed-style diff lines</h3><pre>{esc(chr(10).join(seeds))}</pre>")
-        sk = skipped(rep)
-        if sk:
-            body.append("<h3>Skipped</h3><ul>" + "".join(
-                f"<li><b>{esc(n)}</b>: {esc(w)}</li>" for n, w in sk) + "</ul>")
-        if not figures:
-            continue
-        figs, why = _figures(rep, cases[i] if cases and i < len(cases) else None)
-        if why:
-            body.append(f"<p class='note'>{esc(why)}</p>")
-        if figs:
-            body.append("<h3>Figures</h3>")
-        for fig in figs:
-            # plotly.js goes in once, inline, so that the file works without a network
-            body.append(fig.to_html(full_html=False, include_plotlyjs=not js_included))
-            js_included = True
-    if stopped:
-        body.append("<h2>Not replayed</h2><ul>" + "".join(
-            f"<li><code>{esc(str(src))}</code>: <span class='fail'>{esc(why)}</span></li>" for src, why in stopped)
-            + "</ul>")
-    return ("<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>kdkit report</title>"
-            f"<style>{_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+        first = not any(s["figures"] for s in sections)
+        sections.append(_section(rep, at(sources, i), at(cases, i), figures, with_js=first))
+    return _templates().get_template("report.html.j2").render(
+        title="kdkit report", written=_written(), machine=machine(), sections=sections,
+        stopped=stopped or [], index=index)
 
 
 def write_report(reports, path: str | os.PathLike, force: bool = False, sources: list | None = None,
@@ -379,6 +352,66 @@ def write_report(reports, path: str | os.PathLike, force: bool = False, sources:
     return target
 
 
-__all__ = ["describe_case", "request_rows", "lint_line", "machine", "write_report", "free_path",
+def expand_cases(paths) -> list[Path]:
+    """Case files from files and directories (a directory: every *.pt below it, sorted)."""
+    out = []
+    for p in map(Path, paths):
+        out += sorted(p.rglob("*.pt"), key=lambda q: str(q.relative_to(p))) if p.is_dir() else [p]
+    return out
+
+
+def is_report_dir(out: str | os.PathLike) -> bool:
+    """--out names a directory (per-case pages + index.html) unless it ends in .html/.htm/.md."""
+    return Path(out).suffix.lower() not in FORMATS
+
+
+def _page_name(case_id: str, taken: set) -> str:
+    base = re.sub(r"[^A-Za-z0-9._-]+", "_", case_id).strip("._") or "case"
+    name, n = f"{base}.html", 2
+    while name in taken or name == "index.html":
+        name, n = f"{base}-{n}.html", n + 1
+    taken.add(name)
+    return name
+
+
+def write_report_dir(reports, out_dir: str | os.PathLike, sources: list | None = None,
+                     cases: list | None = None, stopped: list | None = None, force: bool = False,
+                     backends: str = "", against: str = "oracle", progress: bool = True) -> Path:
+    """One self-contained HTML page per case in out_dir (plotly.js inlined once in each page, so
+    each opens offline on its own) and index.html: pass/fail per case, linked to its page, and the
+    cases that could not be replayed. Existing files are kept (timestamped names) unless force.
+    Returns the index's path; a progress bar runs on stderr when it is a terminal."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    index = free_path(out / "index.html", force)
+    at = (lambda xs, i: xs[i] if xs and i < len(xs) else None)
+    todo = range(len(reports))
+    if progress:
+        try:
+            from tqdm import tqdm
+            todo = tqdm(todo, desc="report pages", unit="case", file=sys.stderr, disable=None)
+        except ImportError:
+            pass
+    rows, taken = [], set()
+    for i in todo:
+        rep, src = reports[i], at(sources, i)
+        page = free_path(out / _page_name(str(rep.case_id), taken), force)
+        publish(page, render_html([rep], [src], cases=[at(cases, i)], index=index.name), overwrite=force)
+        ok, line = outcome(rep)
+        rows.append({"case_id": rep.case_id, "page": page.name, "ok": ok, "outcome": line, "source": src,
+                     "lint": lint_line(_findings(rep)),
+                     "backends": [f"{r.backend}: {r.status}" + (f" {r.verdict.metrics.max_abs:.2e}" if r.verdict else "")
+                                  for r in rows_of(rep)]})
+    for src, why in stopped or []:
+        rows.append({"case_id": Path(str(src)).stem, "page": None, "ok": False, "outcome": why,
+                     "source": src, "lint": "-", "backends": []})
+    text = _templates().get_template("index.html.j2").render(
+        title="kdkit reports", written=_written(), machine=machine(), rows=rows, backends=backends,
+        against=against, passed=sum(r["ok"] for r in rows), total=len(rows))
+    publish(index, text, overwrite=force)
+    return index
+
+
+__all__ = ["describe_case", "request_rows", "lint_line", "machine", "write_report", "write_report_dir", "free_path",
            "report_figures", "rows_of", "outcome",
            "render_markdown", "render_html", "skipped", "failed"]

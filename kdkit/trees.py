@@ -72,6 +72,28 @@ def tree_block(parents: list) -> np.ndarray:
     return m
 
 
+def parents_from_block(block: np.ndarray) -> list[int] | None:
+    """The parent array a q_len x q_len tree block encodes, or None when it encodes no tree.
+
+    Row i's ancestors are the columns it sees besides itself; its parent is the deepest of them
+    (the one that itself sees the most). A block is a tree when every row sees itself and its
+    ancestors are exactly its parent and the parent's ancestors: tree_block(parents) == block.
+    """
+    blk = np.asarray(block, dtype=bool)
+    n = blk.shape[0]
+    if blk.ndim != 2 or blk.shape[1] != n or not blk.diagonal().all():
+        return None
+    depth = blk.sum(axis=1)
+    parents = []
+    for i in range(n):
+        anc = [j for j in np.flatnonzero(blk[i]) if j != i]
+        par = max(anc, key=lambda j: depth[j]) if anc else -1
+        if par >= 0 and depth[par] >= depth[i]:
+            return None  # i and par see each other (or worse): a cycle, not a tree
+        parents.append(int(par))
+    return parents if np.array_equal(tree_block(parents), blk) else None
+
+
 def build_mask(prefix_lens: list[int], blocks: list[np.ndarray], dtype=torch.bool):
     """SGLang's flat custom_mask and its mask_indptr (bs+1 start offsets) for a batch.
 

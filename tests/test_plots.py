@@ -1,11 +1,18 @@
 """The figures build, name the case and backend, and hold the numbers compare/oracle computed."""
+import json
+import re
+
 import numpy as np
 import pytest
+import torch
 
-from kdkit import oracle, plots, synth, trees
+from conftest import ROOT
+from kdkit import bench_results, oracle, plots, synth, trees
 from kdkit.backends import torch_ref
 from kdkit.compare import judge, metrics
 from kdkit.replay import replay
+
+FIXTURE = ROOT / "tests" / "data" / "bench-results-fixture.json"   # synthetic numbers, a test fixture
 
 
 @pytest.fixture(scope="module")
@@ -43,16 +50,20 @@ def test_error_heatmap_marks_nonfinite(case):
 def test_kv_profile(case):
     t, h = 5, 3
     fig = plots.kv_profile(case, t, h, backend="cuda")
-    bar, vis = fig.data
-    assert bar.type == "bar" and vis.type == "scatter"
+    bar, strip = fig.data
+    assert bar.type == "bar" and strip.type == "heatmap"
     p = np.asarray(bar.y)
     assert p.shape == (21 + 9,)
     assert p.sum() == pytest.approx(1.0, abs=1e-12)
-    mask = np.asarray(vis.y) > 0.5
+    mask = np.asarray(strip.z)[0] > 0.5
     assert mask[:21].all()                                           # the prefix is all visible
     assert np.all(p[~mask] == 0) and np.all(p[mask] > 0)
     np.testing.assert_array_equal(mask[21:], oracle.draft_visibility(case, 0)[t])
-    assert any(s.type == "line" for s in fig.layout.shapes)         # the prefix | draft boundary
+    # the mask is one categorical cell per KV column, centred on the bars (not a 0/1 line on a
+    # continuous axis half a column off), on its own axis with no numeric ticks
+    np.testing.assert_array_equal(np.asarray(strip.x), np.asarray(bar.x))
+    assert list(strip.y) == ["mask"] and strip.showscale is False
+    assert any(s.type == "line" and s.x0 == 20.5 for s in fig.layout.shapes)   # prefix | draft
     title = fig.layout.title.text
     assert "seed-shape" in title and "cuda" in title and "token 5" in title and "head 3" in title
     with pytest.raises(IndexError, match="token 99"):
@@ -89,5 +100,112 @@ def test_metrics_bar(case):
     assert fig.data[2].y[judged.index("torch")] == pytest.approx(rep.row("torch").verdict.limit)
     assert fig.layout.yaxis.type == "log"
     assert "seed-shape" in fig.layout.title.text
+    # the oracle against itself is exactly 0: no bar at a made-up 1e-12, the word "exact" instead
+    oi = judged.index("oracle")
+    assert fig.data[0].y[oi] is None and fig.data[1].y[oi] is None
+    assert [a.text for a in fig.layout.annotations if a.x == "oracle"] == ["exact<br>(0 error)"]
+    assert all(y is None or y > 1e-9 for y in fig.data[0].y)
     if rep.row("triton_sglang").status == "skipped":
         assert "triton_sglang (skipped)" in fig.layout.title.text
+
+
+def _figures_of_a_ragged_replay():
+    case = synth.make_case(bs=3, prefix=[0, 40, 7], q_len=[5, 1, 12], heads=3, tree="ddtree", seed=3)
+    rep = replay(case, ["oracle", "torch"])
+    return case, rep, plots.replay_figures(case, rep)
+
+
+def test_titles_fit_a_notebook_output_area():
+    """Titles are anchored left and cut into a short head line and a smaller detail line: a
+    centred one-line title ran past the right edge of JupyterLab's output area."""
+    case, rep, figs = _figures_of_a_ragged_replay()
+    results = bench_results.load(FIXTURE)
+    figs.update(gbps=plots.nsplit_heatmap(results), lines=plots.nsplit_lines(results),
+                backends=plots.backends_vs_prefix(results), graph=plots.graph_replay(results))
+    for name, fig in figs.items():
+        t = fig.layout.title
+        assert t.x == 0 and t.xanchor == "left", name
+        head, _, detail = t.text.partition("<br>")
+        assert len(head.replace(case.case_id, "")) <= 45, (name, head)      # a case id is as long as it is
+        assert len(re.sub("<[^>]+>", "", detail)) <= 120, (name, detail)
+
+
+def test_request_boundaries_on_token_axes():
+    case, rep, figs = _figures_of_a_ragged_replay()
+    heat = figs["error torch"]
+    assert sorted(s.x0 for s in heat.layout.shapes) == [4.5, 5.5]          # qo_indptr 0, 5, 6, 18
+    assert [a.text for a in heat.layout.annotations] == ["r0", "r1", "r2"]
+    single = plots.error_heatmap(rep.row("torch").verdict, "x", "torch", qo_indptr=[0, 9])
+    assert not single.layout.shapes and not single.layout.annotations
+
+
+def test_kv_error_finds_a_missed_column():
+    """A backend that drops draft column 2 of a row: implied_dp puts -p there and ~0 elsewhere."""
+    case = synth.make_case(prefix=20, q_len=6, heads=2, tree="chain", seed=1)
+    out, _, probs = oracle.run(case, with_probs=True)
+    t, h = 4, 1
+    P = probs[0].probs[t, h].copy()
+    V = request_kv_v(case)
+    bad = P.copy()
+    bad[20 + 2] = 0
+    bad /= bad.sum()
+    wrong = out.copy()
+    wrong[t, h] = bad @ V
+    dp, b, resid = plots.implied_dp(case, wrong, out, t, h)
+    np.testing.assert_allclose(dp, bad - P, atol=1e-9)
+    assert b == 0 and resid < 1e-9 and np.argmin(dp) == 22
+
+    rep = replay(case, ["oracle", "torch"])
+    rep.outputs["torch"] = torch.from_numpy(wrong)
+    fig = plots.kv_error(case, rep, "torch", t, h)
+    np.testing.assert_allclose(np.asarray(fig.data[0].y), bad - P, atol=1e-9)
+    assert "token 4 head 1" in fig.layout.title.text and "least squares" in fig.layout.title.text
+    assert fig.data[1].type == "heatmap"                                   # the row's mask under it
+    assert "largest -" in fig.layout.title.text and "at kv 22" in fig.layout.title.text
+
+
+def request_kv_v(case):
+    from kdkit.layout import request_kv
+    return request_kv(case, 0)[1].double().numpy()
+
+
+def test_tree_mask_draws_the_tree_the_mask_encodes():
+    case = synth.make_case(prefix=3, q_len=17, heads=1, tree="ddtree", seed=2)
+    fig = plots.tree_mask(case, 0)
+    edges, nodes, mask = fig.data
+    blk = oracle.draft_visibility(case, 0)
+    parents = trees.parents_from_block(blk)
+    np.testing.assert_array_equal(trees.tree_block(parents), blk)
+    np.testing.assert_array_equal(np.asarray(mask.z), blk.astype(float))
+    assert list(nodes.y) == list(range(17)) and list(nodes.x) == list(blk.sum(axis=1) - 1)   # row i = node i, at its depth
+    assert len([x for x in edges.x if x is None]) == 16                     # one edge per non-root node
+    diag = synth.make_case(prefix=3, q_len=4, heads=1, tree="diagonal")
+    assert trees.parents_from_block(oracle.draft_visibility(diag, 0)) == [-1, -1, -1, -1]   # a forest of roots
+    assert trees.parents_from_block(np.array([[1, 1], [1, 1]], bool)) is None               # a cycle
+
+
+def test_bench_figures_from_the_fixture():
+    results = bench_results.load(FIXTURE)
+    heat = plots.nsplit_heatmap(results, "gbps")
+    z = np.asarray(heat.data[0].z, dtype=float)
+    assert z.shape == (6, 5) and np.isfinite(z).all()                      # NSPLIT x prefix
+    auto = heat.data[1]
+    want = {str(r["prefix"]): str(r["nsplit"]) for r in bench_results.select(results, backend="cuda", nsplit_auto=True, graph=False)}
+    assert dict(zip(auto.x, auto.y)) == want
+    assert results["gpu"] in heat.layout.title.text and results["date"] in heat.layout.title.text
+    back = plots.backends_vs_prefix(results)
+    assert {t.name for t in back.data} >= {"kdkit CUDA kernel", "SGLang Triton extend", "roofline floor"}
+    g = plots.graph_replay(results)
+    assert [t.name for t in g.data] == ["eager launch", "graph replay"]
+    with pytest.raises(ValueError, match="no cuda rows"):
+        plots.nsplit_heatmap(results, bs=64)
+
+
+def test_bench_results_errors_name_the_field(tmp_path):
+    data = json.loads(FIXTURE.read_text())
+    data["rows"][3]["gbps"] = "fast"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(bench_results.ResultsError, match=r"rows\[3\]\.gbps"):
+        bench_results.load(bad)
+    assert bench_results.latest(tmp_path / "none") is None

@@ -1,0 +1,166 @@
+"""`kdkit bench` results files: load one (checked field by field), find the latest committed one,
+select rows. The figures are in kdkit.plots; the measuring is kdkit.bench's.
+
+A results file is one GPU run (benchmarks/results/<gpu>-<date>.json):
+    {"gpu", "sms", "copy_gbps", "mma_tflops", "driver", "versions", "date", "rows": [row, ...]}
+    row = {backend, bs, prefix, q_len, heads, nsplit, nsplit_auto, graph, us, gbps, floor_us,
+           roofline_frac, speedup_vs_triton}
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+# backend name in the rows -> what a figure calls it
+BACKENDS = {"cuda": "kdkit CUDA kernel", "triton_sglang": "SGLang Triton extend",
+            "triton_decode": "Triton decode, one query per node", "torch": "PyTorch eager"}
+HEADER = {"gpu": str, "date": str, "rows": list}
+ROW_INT = ("bs", "prefix", "q_len", "heads")
+ROW_NUM = ("us", "gbps", "floor_us", "roofline_frac")
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+
+
+class ResultsError(ValueError):
+    """A results file that cannot be used; the message names the file and the field."""
+
+
+def _num(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def check(data, where: str = "results") -> dict:
+    """`data` as a results dict, or ResultsError naming the field that is wrong and how."""
+    if not isinstance(data, dict):
+        raise ResultsError(f"{where}: expected a JSON object with {sorted(HEADER)}, got {type(data).__name__}")
+    for k, typ in HEADER.items():
+        if not isinstance(data.get(k), typ):
+            raise ResultsError(f"{where}: field {k!r} must be a {typ.__name__} (kdkit bench writes it); "
+                               f"got {type(data.get(k)).__name__}")
+    for i, r in enumerate(data["rows"]):
+        at = f"{where}: rows[{i}]"
+        if not isinstance(r, dict):
+            raise ResultsError(f"{at}: expected an object")
+        if r.get("backend") not in BACKENDS:
+            raise ResultsError(f"{at}.backend = {r.get('backend')!r}: one of {', '.join(BACKENDS)}")
+        for k in ROW_INT:
+            if not isinstance(r.get(k), int) or isinstance(r.get(k), bool) or r[k] < 0:
+                raise ResultsError(f"{at}.{k} = {r.get(k)!r}: a non-negative integer")
+        for k in ROW_NUM:
+            if not _num(r.get(k)):
+                raise ResultsError(f"{at}.{k} = {r.get(k)!r}: a finite number")
+        for k in ("nsplit_auto", "graph"):
+            if not isinstance(r.get(k), bool):
+                raise ResultsError(f"{at}.{k} = {r.get(k)!r}: true or false")
+        if r["backend"] == "cuda" and (not isinstance(r.get("nsplit"), int) or r["nsplit"] < 1):
+            raise ResultsError(f"{at}.nsplit = {r.get('nsplit')!r}: the CUDA kernel's split count, >= 1")
+    return data
+
+
+def load(path: str | os.PathLike) -> dict:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ResultsError(f"{path}: not JSON ({e})") from None
+    return check(data, str(path))
+
+
+def latest(directory: str | os.PathLike = RESULTS_DIR) -> Path | None:
+    """The results file of the most recent run in `directory` (by its "date" field), or None."""
+    best = None
+    for p in sorted(Path(directory).glob("*.json")):
+        try:
+            date = str(json.loads(p.read_text(encoding="utf-8")).get("date", ""))
+        except (OSError, ValueError, AttributeError):
+            continue
+        if best is None or date > best[0]:
+            best = (date, p)
+    return best[1] if best else None
+
+
+def select(results: dict, **want) -> list[dict]:
+    """Rows whose fields equal every given value; a value of None matches anything."""
+    return [r for r in results["rows"] if all(v is None or r.get(k) == v for k, v in want.items())]
+
+
+def shapes(results: dict) -> list[tuple]:
+    """(bs, q_len, heads) of every shape the run measured."""
+    return sorted({(r["bs"], r["q_len"], r["heads"]) for r in results["rows"]})
+
+
+def shape_text(row: dict) -> str:
+    return f"bs {row['bs']}, q_len {row['q_len']}, H {row['heads']}"
+
+
+def best_nsplit(results: dict, **want) -> dict[int, tuple[int, float]]:
+    """prefix -> (the fastest explicit NSPLIT, its time in us) among the CUDA rows matching `want`."""
+    out: dict[int, tuple[int, float]] = {}
+    for r in select(results, backend="cuda", nsplit_auto=False, **want):
+        if r["prefix"] not in out or r["us"] < out[r["prefix"]][1]:
+            out[r["prefix"]] = (r["nsplit"], r["us"])
+    return out
+
+
+def summary(results: dict, **want) -> list[dict]:
+    """Per prefix of the matching shape: the automatic NSPLIT and its time, the best explicit one,
+    how far auto is from the best, and the speed-up over SGLang's Triton kernel."""
+    best = best_nsplit(results, **want)
+    out = []
+    for r in sorted(select(results, backend="cuda", nsplit_auto=True, graph=False, **want),
+                    key=lambda r: r["prefix"]):
+        b = best.get(r["prefix"])
+        out.append({"prefix": r["prefix"], "auto_nsplit": r["nsplit"], "auto_us": r["us"],
+                    "best_nsplit": b[0] if b else None, "best_us": b[1] if b else None,
+                    "auto_over_best": r["us"] / b[1] if b else None, "gbps": r["gbps"],
+                    "roofline_frac": r["roofline_frac"], "speedup_vs_triton": r.get("speedup_vs_triton")})
+    return out
+
+
+def grid(prefixes, nsplits, bs: int = 1, q_len: int = 9, heads: int = 8) -> list[dict]:
+    """The shapes of an NSPLIT x prefix sweep, as kdkit.bench.run_grid takes them."""
+    return [{"bs": bs, "prefix": int(p), "q_len": q_len, "heads": heads} for p in prefixes]
+
+
+def measure(shapes: list[dict], backends=("cuda", "triton_sglang"), nsplits=(1, 2, 4, 8, 16, 32),
+            graph: bool = True, progress: bool = True) -> dict:
+    """A live sweep through kdkit.bench.run_grid (needs a CUDA GPU), checked like a file."""
+    try:
+        from . import bench
+    except ImportError as e:
+        raise RuntimeError(f"kdkit.bench cannot be imported ({e}): this kdkit measures nothing live; "
+                           "use the committed results (measure=False)") from None
+    if not hasattr(bench, "run_grid"):
+        raise RuntimeError("kdkit.bench has no run_grid(shapes, backends, nsplits, graph, progress) yet: "
+                           "use the committed results (measure=False) or run `kdkit bench` on the GPU")
+    return check(bench.run_grid(shapes, list(backends), list(nsplits), graph, progress), "kdkit.bench.run_grid()")
+
+
+def gpu_here() -> str | None:
+    """The CUDA device's name, or None on a machine without one."""
+    try:
+        import torch
+        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except Exception:
+        return None
+
+
+def obtain(results_path: str | os.PathLike | None = None, live: bool | None = None, **sweep) -> tuple[dict, str]:
+    """(results, where they came from). live=None measures when a GPU is here, else reads
+    results_path, or the latest committed run under benchmarks/results/. sweep: grid()'s and
+    measure()'s arguments (prefixes, nsplits, bs, q_len, heads, backends, graph)."""
+    if live is None:
+        live = gpu_here() is not None and not results_path
+    if live:
+        g = {k: sweep[k] for k in ("bs", "q_len", "heads") if k in sweep}
+        shapes = grid(sweep.get("prefixes", (21, 1024, 8192, 32768, 131072)), sweep.get("nsplits", ()), **g)
+        m = {k: sweep[k] for k in ("backends", "nsplits", "graph") if k in sweep}
+        res = measure(shapes, **m)
+        return res, f"measured live on {res.get('gpu', gpu_here())} ({res.get('date', 'now')})"
+    path = Path(results_path) if results_path else latest()
+    if path is None:
+        raise FileNotFoundError(f"no results under {RESULTS_DIR} and live=False (or no GPU here): run "
+                                "`kdkit bench` on a GPU and commit its JSON, or pass results_path")
+    res = load(path)
+    return res, f"committed results of the last GPU run: {res['gpu']}, {res['date']} ({path.name})"

@@ -1,0 +1,100 @@
+"""The gallery of known failures (failures.ipynb): each one replayed, diagnosed by the lint or the
+judge, fixed, and replayed after the fix.
+
+    marshaling(path)        a case file with one of the seed's marshaling bugs (data/.../failures/)
+    mutant(name, case)      one of kdkit.mutants' deliberately wrong builds, planted in the torch backend
+    gallery(...)            all of them
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from . import fixes, lint, replay, report
+from .case import Case, load
+
+BACKENDS = ["oracle", "torch"]
+
+
+@dataclass
+class Entry:
+    name: str
+    kind: str                 # "marshaling" (a bad case file) | "mutant" (a bad kernel)
+    what: str                 # the bug, in a line
+    case: Case                # the case as replayed before the fix
+    before: object            # ReplayReport of the failure
+    diagnosis: list           # what named it: lint findings ("code [field]: message") or judge reasons
+    fix: str                  # what was done about it
+    after: object             # ReplayReport after the fix
+
+    @property
+    def caught(self) -> bool:
+        return not report.outcome(self.before)[0]
+
+    @property
+    def fixed(self) -> bool:
+        return report.outcome(self.after)[0]
+
+    def row(self) -> dict:
+        return {"failure": self.name, "kind": self.kind, "caught": self.caught,
+                "by": "lint" if self.kind == "marshaling" else "judge",
+                "before": report.outcome(self.before)[1], "after": report.outcome(self.after)[1],
+                "verdict": "pass" if self.caught and self.fixed else "NOT caught" if not self.caught else "fix failed"}
+
+    def text(self) -> str:
+        return "\n".join([f"== {self.name} ({self.kind}): {self.what}", "", "-- replayed:",
+                          self.before.table(), "", "-- diagnosis:", *[f"  {d}" for d in self.diagnosis], "",
+                          f"-- fix: {self.fix}", "", "-- replayed after the fix:", self.after.table()])
+
+
+def marshaling(path) -> Entry:
+    """A case with a marshaling bug: the lint names it, kdkit.fixes repairs it."""
+    case = load(path)
+    before = replay.replay(case, BACKENDS)
+    errors = lint.errors(case)
+    codes = [f.code for f in errors if f.code in fixes.FIXES]
+    if not codes:
+        raise ValueError(f"{path}: the lint names no bug kdkit.fixes can repair "
+                         f"(found: {', '.join(f.code for f in errors) or 'none'})")
+    fixed = case
+    for code in codes:
+        fixed = fixes.fix(fixed, code)
+    return Entry(name=codes[0], kind="marshaling", what=str(case.meta.get("note") or case.case_id),
+                 case=case, before=before,
+                 diagnosis=[f"{f.code} [{f.field}]: {f.message}" for f in errors] + [f"fix: {f.fix}" for f in errors],
+                 fix=f"kdkit.fixes.fix(case, {codes[0]!r}): " + " ".join(fixes.FIXES[codes[0]].__doc__.split()),
+                 after=replay.replay(fixed, BACKENDS))
+
+
+def mutants() -> tuple[dict, str | None]:
+    """(name -> description, None), or ({}, why not) where this kdkit has no mutant registry yet."""
+    try:
+        mod = importlib.import_module(f"{__package__}.mutants")
+    except ModuleNotFoundError as e:
+        if e.name == f"{__package__}.mutants":
+            return {}, "kdkit.mutants is not in this kdkit yet: the gallery shows the marshaling bugs only"
+        raise
+    return dict(mod.MUTANTS), None
+
+
+def mutant(name: str, case: Case, description: str = "", **torch_opts) -> Entry:
+    """A deliberately wrong build planted in the torch backend: the judge must fail it against the
+    oracle; the fix is the correct build (no mutant)."""
+    before = replay.replay(case, BACKENDS, torch={**torch_opts, "mutant": name})
+    row = before.row("torch")
+    diagnosis = [f"torch {row.status}: {row.reason}"] if row.reason else [f"torch {row.status}"]
+    return Entry(name=name, kind="mutant", what=description or name, case=case, before=before,
+                 diagnosis=diagnosis, fix="the correct build (no mutant)",
+                 after=replay.replay(case, BACKENDS, torch=dict(torch_opts)))
+
+
+def gallery(failure_paths, mutant_case: Case | None = None, **torch_opts) -> tuple[list[Entry], list[str]]:
+    """(entries, notes): every marshaling failure, then every mutant on mutant_case."""
+    entries = [marshaling(p) for p in failure_paths]
+    notes = []
+    reg, why = mutants()
+    if why:
+        notes.append(why)
+    elif mutant_case is not None:
+        entries += [mutant(n, mutant_case, d, **torch_opts) for n, d in reg.items()]
+    return entries, notes

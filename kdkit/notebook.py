@@ -1,0 +1,243 @@
+"""What the notebooks call, so that they stay a parameters cell and a few calls:
+
+    resolve(path)              a repo-relative path that works from the repo root and from notebooks/
+    ReplayView.load(path, backends)   one case replayed, and its figures (the same with or without widgets)
+    ReplayExplorer(view, cases_dir)   the widgets: case picker, backends, token/head; redraws in place
+    capture_rows(directory)    the table of a capture directory (layer, rank, step, shapes, lint, verdict)
+    emit(result)               the structured output a notebook leaves for its test (read_result reads it)
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import lint as _lint
+from . import plots, replay, report
+from .backends import BACKENDS
+from .backends import resolve as resolve_backends
+from .case import Case, load
+
+RESULT_MIME = "application/vnd.kdkit.result+json"
+REPO = Path(__file__).resolve().parents[1]
+BUNDLED_DIR = "data/captured_tensors"
+# <model>-L<layer>-r<rank>-s<step>.pt, the capture hook's file names
+CAPTURE_NAME = re.compile(r"^(?P<model>.+)-L(?P<layer>\d+)-r(?P<rank>\d+)-s(?P<step>\d+)$")
+
+
+# ---- paths ------------------------------------------------------------------------------------
+def resolve(path: str | os.PathLike) -> Path:
+    """`path` as given (absolute, or relative to the working directory), else relative to the
+    repository this kdkit lives in: JupyterLab runs a notebook in notebooks/, papermill and the
+    CLI usually in the repository root, and one default has to work from both."""
+    p = Path(path).expanduser()
+    tried = [p if p.is_absolute() else Path.cwd() / p]
+    if p.exists():
+        return p.resolve()
+    if not p.is_absolute():
+        cand = REPO / p
+        tried.append(cand)
+        if cand.exists():
+            return cand
+    raise FileNotFoundError(f"{path}: not found (tried {', '.join(str(t) for t in tried)})")
+
+
+def case_files(directory: str | os.PathLike) -> list[Path]:
+    """Every case file (*.pt) under `directory`, sorted by their path below it."""
+    d = resolve(directory)
+    if d.is_file():
+        return [d]
+    return sorted(d.rglob("*.pt"), key=lambda p: str(p.relative_to(d)))
+
+
+def backend_list(spec) -> list[str]:
+    """'all', 'oracle,torch' or a list -> backend names (kdkit.backends.resolve; ValueError names
+    the unknown ones)."""
+    return resolve_backends(spec)
+
+
+# ---- one replayed case ------------------------------------------------------------------------
+@dataclass
+class ReplayView:
+    """A case, its replay, and the figures drawn from them. token/head choose the row of the
+    probability and KV-error figures (default: the worst row of the worst judged backend)."""
+    case: Case
+    rep: object
+    path: Path | None = None
+
+    @classmethod
+    def load(cls, path, backends="oracle,torch", against: str = "oracle") -> "ReplayView":
+        path = resolve(path)
+        case = load(path)
+        return cls(case, replay.replay(case, backend_list(backends), against=against), path)
+
+    def figures(self, token: int | None = None, head: int | None = None) -> dict:
+        """name -> figure (kdkit.plots.replay_figures). None or -1 for token/head: the worst row."""
+        return plots.replay_figures(self.case, self.rep, token, head)
+
+    def text(self) -> str:
+        ok, line = report.outcome(self.rep)
+        return "\n".join([self.rep.table(), "", *self.rep.seed_lines(), "",
+                          "PASS" if ok else "FAIL: " + line])
+
+    def result(self, figures: dict | None = None) -> dict:
+        """What a test asserts: per backend status and max_abs, lint codes, the figures drawn."""
+        ok, line = report.outcome(self.rep)
+        rows = {r.backend: {"status": r.status,
+                            "max_abs": r.verdict.metrics.max_abs if r.verdict else None,
+                            "limit": r.verdict.limit if r.verdict else None} for r in self.rep.rows}
+        out = {"case_id": self.case.case_id, "path": str(self.path) if self.path else None,
+               "ok": ok, "outcome": line, "rows": rows,
+               "lint": sorted({f.code for f in (self.rep.lint or [])}),
+               "bs": self.case.batch_size, "tokens": self.case.num_tokens, "heads": self.case.num_heads}
+        if figures is not None:
+            out["figures"] = {k: _title_text(f) for k, f in figures.items()}
+        return out
+
+
+def _title_text(fig) -> str:
+    return fig.layout.title.text or ""
+
+
+def show_figures(figs: dict) -> None:
+    for fig in figs.values():
+        fig.show()
+
+
+# ---- widgets ----------------------------------------------------------------------------------
+class ReplayExplorer:
+    """A case picker over a directory, a backend selector, token and head sliders, and one output
+    area that is redrawn in place. `.widget` is what a notebook displays."""
+
+    def __init__(self, view: ReplayView | None = None, cases_dir=BUNDLED_DIR, backends="oracle,torch",
+                 against: str = "oracle"):
+        import ipywidgets as w
+        self.against = against
+        self.files = case_files(cases_dir)
+        root = resolve(cases_dir)
+        if view is not None and view.path is not None and view.path.resolve() not in [f.resolve() for f in self.files]:
+            self.files.insert(0, view.path)
+        label = (lambda p: str(p.relative_to(root)) if root in p.parents else str(p))
+        self.case = w.Dropdown(options=[(label(p), str(p)) for p in self.files], description="case",
+                               layout=w.Layout(width="420px"))
+        self.backends = w.SelectMultiple(options=list(BACKENDS), description="backends", rows=len(BACKENDS))
+        self.token = w.IntSlider(description="token", min=0, max=0, continuous_update=False)
+        self.head = w.IntSlider(description="head", min=0, max=0, continuous_update=False)
+        self.status = w.HTML()
+        self.out = w.Output()
+        for x, cls in ((self.case, "kdkit-case"), (self.backends, "kdkit-backends"), (self.token, "kdkit-token"),
+                       (self.head, "kdkit-head"), (self.status, "kdkit-status"), (self.out, "kdkit-figures")):
+            x.add_class(cls)
+        self.view = view
+        self.backends.value = tuple(backend_list(backends))
+        if view is not None and view.path is not None:
+            self.case.value = str(view.path)
+        self._replay()
+        self.case.observe(lambda _: self._replay(), names="value")
+        self.backends.observe(lambda _: self._replay(), names="value")
+        self.token.observe(lambda _: self._draw(), names="value")
+        self.head.observe(lambda _: self._draw(), names="value")
+        self.widget = w.VBox([w.HBox([w.VBox([self.case, self.token, self.head]), self.backends]),
+                              self.status, self.out])
+
+    def _replay(self) -> None:
+        self.status.value = f"<b>replaying</b> {self.case.label} ..."
+        path = Path(self.case.value)
+        picked = list(self.backends.value) or ["oracle"]
+        if self.view is None or self.view.path != path or [r.backend for r in self.view.rep.rows] != picked:
+            try:
+                self.view = ReplayView.load(path, picked, self.against)
+            except Exception as e:  # a broken case file: say so in place, keep the widgets alive
+                self.view = None
+                self.out.clear_output()
+                self.status.value = f"<b style='color:#b00020'>cannot replay {path.name}</b>: {type(e).__name__}: {e}"
+                return
+        _, t, h = plots.worst_row(self.view.rep)
+        self._quiet = True
+        self.token.max, self.head.max = self.view.case.num_tokens - 1, self.view.case.num_heads - 1
+        self.token.value, self.head.value = t, h
+        self._quiet = False
+        self._draw()
+
+    def _draw(self) -> None:
+        if getattr(self, "_quiet", False) or self.view is None:
+            return
+        from IPython.display import clear_output
+        with self.out:
+            clear_output(wait=True)
+            print(self.view.text())
+            try:
+                show_figures(self.view.figures(self.token.value, self.head.value))
+            except Exception as e:  # e.g. a mis-marshaled case the oracle cannot read
+                print(f"figures unavailable: {type(e).__name__}: {e}")
+        ok, line = report.outcome(self.view.rep)
+        self.status.value = (f"<b>{self.view.case.case_id}</b>: "
+                             f"<span style='color:{'#1b5e20' if ok else '#b00020'}'>{'pass' if ok else line}</span>"
+                             f"; row token {self.token.value} head {self.head.value}")
+
+
+# ---- capture directories ------------------------------------------------------------------------
+def capture_rows(directory, backends="oracle,torch") -> list[dict]:
+    """One row per case file: layer, rank, step (from the case's meta, else from the capture file
+    name), shapes, the lint one-liner and the replay verdict. A file that cannot be loaded is a
+    row that says why."""
+    rows = []
+    root = resolve(directory)
+    for p in case_files(root):
+        m = CAPTURE_NAME.match(p.stem)
+        row = {"file": str(p.relative_to(root)) if root in p.parents else p.name, "path": str(p),
+               "layer": m and int(m["layer"]), "rank": m and int(m["rank"]), "step": m and int(m["step"])}
+        try:
+            case = load(p)
+        except Exception as e:
+            rows.append({**row, "case_id": "-", "shapes": "-", "lint": "-",
+                         "verdict": f"cannot load: {type(e).__name__}: {e}"})
+            continue
+        meta = case.meta
+        for k, keys in (("layer", ("layer", "layer_id")), ("rank", ("tp_rank",)), ("step", ("step",))):
+            v = next((meta[x] for x in keys if meta.get(x) is not None), None)
+            row[k] = v if v is not None else row[k]
+        ql, pf = case.q_lens, [int(x) for x in case.prefix_lens]
+        row.update(case_id=case.case_id, source=meta.get("source"),
+                   shapes=(f"bs {case.batch_size}, H {case.num_heads}, q_len {_span(ql)}, prefix {_span(pf)}"),
+                   lint=report.lint_line(_lint.check(case)))
+        try:
+            ok, line = report.outcome(replay.replay(case, backend_list(backends)))
+            row["verdict"] = "pass" if ok else line
+        except Exception as e:
+            row["verdict"] = f"replay stopped: {type(e).__name__}: {e}"
+        rows.append(row)
+    return rows
+
+
+def _span(xs: list[int]) -> str:
+    return str(xs[0]) if len(set(xs)) == 1 else f"{min(xs)}..{max(xs)}"
+
+
+def html_table(rows: list[dict], columns: list[str] | None = None) -> str:
+    """rows as an HTML table (pass in green, anything else in red in a 'verdict' column)."""
+    import jinja2
+    columns = columns or (list(rows[0]) if rows else [])
+    tpl = jinja2.Environment(autoescape=True).from_string(
+        "<table class='kdkit-table'><tr>{% for c in cols %}<th>{{ c }}</th>{% endfor %}</tr>"
+        "{% for r in rows %}<tr>{% for c in cols %}<td{% if c == 'verdict' %} style='color:"
+        "{{ '#1b5e20' if r[c] == 'pass' else '#b00020' }}'{% endif %}>{{ '-' if r[c] is none else r[c] }}</td>"
+        "{% endfor %}</tr>{% endfor %}</table>")
+    return tpl.render(rows=rows, cols=columns)
+
+
+# ---- results for tests -------------------------------------------------------------------------
+def emit(result: dict) -> None:
+    """Leave `result` in the notebook as a structured output (RESULT_MIME) for its test to read."""
+    from IPython.display import display
+    display({RESULT_MIME: result, "text/plain": f"kdkit result: {', '.join(sorted(result))}"}, raw=True)
+
+
+def read_result(nb) -> dict:
+    """The last structured result an executed notebook (nbformat node) emitted."""
+    found = [o["data"][RESULT_MIME] for c in nb.cells if c.get("cell_type") == "code"
+             for o in c.get("outputs", []) if RESULT_MIME in o.get("data", {})]
+    if not found:
+        raise LookupError(f"the notebook emitted no {RESULT_MIME} output (kdkit.notebook.emit)")
+    return found[-1]

@@ -1,0 +1,186 @@
+"""Every notebook runs under papermill on the bundled cases (CPU paths), its structured result
+(kdkit.notebook.emit) is read back and asserted; a failing cell fails the test with the notebook's
+own error. Notebooks are committed without outputs.
+
+Under papermill the notebooks run with interactive=False: nbclient can block for good on a cell
+whose ipywidgets Output widget is written to (jupyter/nbclient#312, seen here on about one run in
+three). The widgets are tested in-process below and in a real JupyterLab by test_notebook_browser.py."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+
+import pytest
+
+from conftest import DATA, ROOT
+
+nbformat = pytest.importorskip("nbformat")
+papermill = pytest.importorskip("papermill")
+
+from kdkit import notebook as knb  # noqa: E402  (after the skips: needs IPython)
+
+NOTEBOOKS = ROOT / "notebooks"
+ALL = ("replay", "nsplit", "capture", "failures")
+FIXTURE = ROOT / "tests" / "data" / "bench-results-fixture.json"
+PLOTLY = "application/vnd.plotly.v1+json"
+WIDGET = "application/vnd.jupyter.widget-view+json"
+
+
+def execute(name: str, tmp_path, cwd=ROOT, **params):
+    """(executed notebook, its kdkit result, seconds). papermill raises PapermillExecutionError
+    carrying the failing cell's traceback."""
+    out = tmp_path / f"{name}-out.ipynb"
+    t0 = time.perf_counter()
+    papermill.execute_notebook(str(NOTEBOOKS / f"{name}.ipynb"), str(out), cwd=str(cwd), parameters=params,
+                               progress_bar=False, kernel_name="python3")
+    secs = time.perf_counter() - t0
+    nb = nbformat.read(out, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(c.execution_count is not None for c in code), "a cell did not run"
+    return nb, knb.read_result(nb), secs
+
+
+def outputs(nb, mime: str) -> list:
+    return [o["data"][mime] for c in nb.cells if c.cell_type == "code" for o in c.outputs
+            if mime in o.get("data", {})]
+
+
+@pytest.fixture(autouse=True)
+def kernel_env(monkeypatch):
+    # the kernel is started as `python` from PATH and must import this checkout's kdkit
+    monkeypatch.setenv("PATH", os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_committed_without_outputs(name):
+    nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    dirty = [i for i, c in enumerate(code) if c.outputs or c.execution_count is not None]
+    assert not dirty, f"{name}.ipynb: code cells {dirty} carry outputs: clear them before committing"
+    tagged = [c for c in code if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1, f"{name}.ipynb needs exactly one cell tagged 'parameters' for papermill"
+    assert "kdkit.notebook.emit" in "".join(c.source for c in code) or "nb.emit(" in "".join(c.source for c in code)
+
+
+def test_replay_seed_static_under_60s(tmp_path):
+    nb, res, secs = execute("replay", tmp_path, interactive=False)      # the default case, from the root
+    assert secs < 60, f"replay.ipynb took {secs:.1f} s on the seed case"
+    assert res["case_id"] == "seed-shape" and res["ok"] and res["lint"] == []
+    assert res["rows"]["torch"]["status"] == "pass" and 0 < res["rows"]["torch"]["max_abs"] < res["rows"]["torch"]["limit"]
+    assert res["rows"]["oracle"]["max_abs"] == 0
+    assert set(res["figures"]) == {"metrics", "error torch", "kv error torch", "tree", "visibility", "probabilities"}
+    figs = outputs(nb, PLOTLY)
+    assert len(figs) == len(res["figures"]) and not outputs(nb, WIDGET)
+    metrics = next(f for f in figs if f["layout"]["title"]["text"].startswith("seed-shape: backends"))
+    assert any("exact" in a["text"] for a in metrics["layout"]["annotations"])  # the oracle's 0, not a 1e-12 bar
+    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert "lint: clean" in text and "max_abs_diff=" in text and "PASS" in text
+
+
+def test_replay_default_case_path_from_notebooks_dir(tmp_path):
+    nb, res, _ = execute("replay", tmp_path, cwd=NOTEBOOKS, interactive=False)   # where JupyterLab runs it
+    assert res["case_id"] == "seed-shape" and res["ok"]
+    assert res["path"] == str((ROOT / "data" / "captured_tensors" / "seed-shape.pt").resolve())
+
+
+def test_explorer_widgets_redraw_on_a_new_case():
+    pytest.importorskip("ipywidgets")
+    view = knb.ReplayView.load(DATA / "seed-shape.pt")
+    ex = knb.ReplayExplorer(view, DATA, "oracle,torch")
+    names = [label for label, _ in ex.case.options]
+    assert "seed-shape.pt" in names and "failures/mask-indptr-sliced.pt" in names
+    assert ex.view is view and "seed-shape" in ex.status.value and "pass" in ex.status.value
+    assert (ex.token.max, ex.head.max) == (8, 7)
+    ex.case.value = str(DATA / "ragged-bs4.pt")                         # what a click in the picker does
+    assert ex.view.case.case_id == "ragged-bs4" and "ragged-bs4" in ex.status.value
+    assert (ex.token.max, ex.token.value) == (58, plots_worst(ex.view.rep)[1])
+    ex.backends.value = ("oracle",)                                      # a new backend set replays
+    assert [r.backend for r in ex.view.rep.rows] == ["oracle"]
+    ex.case.value = str(DATA / "failures" / "mask-indptr-sliced.pt")    # broken inputs: said, not raised
+    assert "mask-indptr-sliced" in ex.status.value
+
+
+def plots_worst(rep):
+    from kdkit import plots
+    return plots.worst_row(rep)
+
+
+def test_replay_ragged_marks_request_boundaries(tmp_path):
+    nb, res, _ = execute("replay", tmp_path, case_path=str(DATA / "ragged-bs4.pt"), interactive=False,
+                         token=40, head=2)
+    assert res["bs"] == 4 and res["ok"]
+    heat = next(f for f in outputs(nb, PLOTLY) if "max |diff| per head x query token" in f["layout"]["title"]["text"])
+    xs = sorted(s["x0"] for s in heat["layout"]["shapes"])
+    assert xs == [8.5, 9.5, 42.5]                                        # qo_indptr 0, 9, 10, 43, 59
+    assert {a["text"] for a in heat["layout"]["annotations"]} == {"r0", "r1", "r2", "r3"}
+    assert "token 40 head 2" in res["figures"]["probabilities"] and "request 2 row 30" in res["figures"]["probabilities"]
+
+
+def test_a_failing_cell_fails_with_the_notebooks_error(tmp_path):
+    with pytest.raises(papermill.PapermillExecutionError, match="no-such-case.pt: not found"):
+        execute("replay", tmp_path, case_path="no-such-case.pt", interactive=False)
+
+
+def test_nsplit_shows_committed_results_labelled(tmp_path):
+    fixture = json.loads(FIXTURE.read_text())
+    nb, res, _ = execute("nsplit", tmp_path, results_path=str(FIXTURE), live=False)
+    assert res["gpu"] == fixture["gpu"] and res["date"] == fixture["date"]
+    assert fixture["gpu"] in res["source"] and fixture["date"] in res["source"]
+    auto = {r["prefix"]: r["nsplit"] for r in fixture["rows"]
+            if r["backend"] == "cuda" and r["nsplit_auto"] and not r["graph"]}
+    assert {r["prefix"]: r["auto_nsplit"] for r in res["summary"]} == auto
+    assert set(res["figures"]) == {"gbps", "roofline", "lines", "backends", "graph"}
+    assert all(fixture["gpu"] in t for t in res["figures"].values())   # every figure names the run
+    assert len(outputs(nb, PLOTLY)) == 5
+
+
+def _capture_dir(tmp_path):
+    d = tmp_path / "capture"
+    d.mkdir()
+    from kdkit.case import load
+    seed = load(DATA / "seed-shape.pt")                                 # meta as the capture hook writes it
+    seed.clone(meta={**seed.meta, "layer_id": 3, "tp_rank": 1, "step": 7}).save(d / "kimi-k2-L3-r1-s7.pt")
+    shutil.copy(DATA / "failures" / "mask-indptr-sliced.pt", d / "kimi-k2-L3-r0-s7.pt")
+    (d / "kimi-k2-L4-r0-s7.pt").write_bytes(b"not a case")              # a truncated capture
+    return d
+
+
+def test_capture_table_of_a_capture_dir(tmp_path):
+    nb, res, _ = execute("capture", tmp_path, capture_dir=str(_capture_dir(tmp_path)), interactive=False)
+    rows = {r["file"]: r for r in res["rows"]}
+    assert set(rows) == {"kimi-k2-L3-r0-s7.pt", "kimi-k2-L3-r1-s7.pt", "kimi-k2-L4-r0-s7.pt"}
+    good, bad, broken = rows["kimi-k2-L3-r1-s7.pt"], rows["kimi-k2-L3-r0-s7.pt"], rows["kimi-k2-L4-r0-s7.pt"]
+    assert (good["layer"], good["rank"], good["step"], good["verdict"]) == (3, 1, 7, "pass")
+    assert "bs 1, H 8, q_len 9, prefix 21" == good["shapes"] and good["lint"] == "lint: clean"
+    assert "mask-indptr-sliced" in bad["lint"] and bad["verdict"] != "pass"
+    assert broken["verdict"].startswith("cannot load") and broken["layer"] == 4
+    assert len(outputs(nb, PLOTLY)) >= 5                               # the picked case, replayed
+
+
+def test_capture_without_a_dir_uses_the_bundled_cases(tmp_path):
+    nb, res, _ = execute("capture", tmp_path, capture_dir="", interactive=False)
+    manifest = json.loads((DATA / "manifest.json").read_text())
+    assert sorted(r["file"] for r in res["rows"]) == sorted(c["path"] for c in manifest["cases"])
+    for c in manifest["cases"]:
+        row = next(r for r in res["rows"] if r["file"] == c["path"])
+        assert (row["verdict"] == "pass") == (c["expected_replay"] == "pass"), row
+
+
+def test_failures_gallery(tmp_path):
+    nb, res, _ = execute("failures", tmp_path)
+    entries = {e["failure"]: e for e in res["entries"]}
+    assert {"mask-indptr-sliced", "prefix-only-kv-indices"} <= set(entries)
+    for e in res["entries"]:
+        assert e["caught"] and e["after"] == "pass", e       # each one caught, and clean after the fix
+    assert entries["mask-indptr-sliced"]["by"] == "lint" and "mask-indptr-sliced" in entries["mask-indptr-sliced"]["before"]
+    mutants = [e for e in res["entries"] if e["kind"] == "mutant"]
+    try:
+        from kdkit.mutants import MUTANTS
+    except ImportError:
+        assert not mutants and any("kdkit.mutants" in n for n in res["notes"])
+    else:
+        assert {e["failure"] for e in mutants} == set(MUTANTS)

@@ -1,0 +1,52 @@
+"""`kdkit report DIR -o OUT`: one self-contained HTML page per case and an index with pass/fail."""
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+
+from conftest import DATA
+from kdkit.cli import main
+
+pytest.importorskip("plotly")
+pytest.importorskip("jinja2")
+
+
+def test_report_over_a_directory(capsys, tmp_path):
+    src = tmp_path / "cases"
+    (src / "failures").mkdir(parents=True)
+    shutil.copy(DATA / "seed-shape.pt", src / "seed-shape.pt")
+    shutil.copy(DATA / "failures" / "mask-indptr-sliced.pt", src / "failures" / "mask-indptr-sliced.pt")
+    (src / "truncated.pt").write_bytes(b"\x80\x02 not a case")
+    out = tmp_path / "out"
+    rc = main(["report", str(src), "-o", str(out), "--backends", "oracle,torch"])
+    text = capsys.readouterr().out
+    assert rc == 2                                     # a file that is not a case is bad input
+    assert f"reports: {out / 'index.html'} (2 case pages, 1 not replayed)" in text
+    pages = sorted(p.name for p in out.iterdir())
+    assert pages == ["failure-mask-indptr-sliced.html", "index.html", "seed-shape.html"]
+    index = (out / "index.html").read_text()
+    rows = re.findall(r"<tr><td>(.*?)</tr>", index, re.S)
+    assert len(rows) == 3 and "2 of 3" not in index and "1 of 3 cases pass" in index
+    seed = next(r for r in rows if "seed-shape" in r)
+    assert 'href="seed-shape.html"' in seed and ">pass<" in seed
+    bad = next(r for r in rows if "mask-indptr-sliced" in r)
+    assert "FAIL" in bad and "lint errors: mask-indptr-sliced" in bad
+    assert "truncated" in next(r for r in rows if "truncated" in r) and "FAIL" in rows[-1]
+    page = (out / "seed-shape.html").read_text()
+    # each page opens offline on its own: plotly.js inlined once, no external script, all figures
+    assert page.count("window.PlotlyConfig") == 1 and "<script src=" not in page
+    assert page.count("Plotly.newPlot") == 6 and 'href="index.html"' in page
+    assert "error along KV" in page and "tree and mask" in page
+    # a second run keeps the first one's files (timestamped names) unless --force
+    before = (out / "seed-shape.html").read_bytes()
+    assert main(["report", str(src / "seed-shape.pt"), str(src / "seed-shape.pt"), "-o", str(out)]) == 0
+    assert (out / "seed-shape.html").read_bytes() == before
+    assert len(list(out.glob("index-*.html"))) == 1 and len(list(out.glob("seed-shape-*.html"))) == 2
+
+
+def test_report_one_case_still_writes_one_file(capsys, tmp_path):
+    target = tmp_path / "one.md"
+    assert main(["report", str(DATA / "seed-shape.pt"), "-o", str(target), "--backends", "oracle"]) == 0
+    assert target.read_text().startswith("# kdkit replay report")
