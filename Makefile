@@ -38,9 +38,22 @@ SG_STAMP := $(if $(strip $(SGLANG_ENV)),$(SGLANG_ENV)/.kdkit-installed,)
 demo: $(DEMO_STAMP)
 	$(KDKIT) replay data/captured_tensors/seed-shape.pt --backends all --allow-skip --report reports/demo.html --force
 
-test: $(TEST_STAMP) $(SG_STAMP)
+test: $(TEST_STAMP) $(SG_STAMP) chromium
 	$(PY) -m pytest tests -q --durations=15 $(PYTEST_ARGS)
 	if [ -n "$(SG_STAMP)" ]; then KDKIT_SGLANG_ENV=1 $(SGLANG_ENV)/bin/python -m pytest tests/sglang_env -q --durations=5 $(PYTEST_ARGS); fi
+
+# tests/test_notebook_browser.py drives Debian's chromium (Playwright from the dev extra, no browser
+# download). As root (CI) it is installed when missing; elsewhere, or when apt cannot, the test
+# skips and says why. CHROMIUM= skips this step.
+CHROMIUM ?= chromium
+.PHONY: chromium
+chromium:
+	@if [ -n "$(CHROMIUM)" ] && ! command -v $(CHROMIUM) >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "kdkit: installing Debian's chromium for the browser test (apt-get, a minute or two)"; \
+	    mkdir -p .cache; (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(CHROMIUM)) \
+	      >.cache/apt-chromium.log 2>&1 || echo "kdkit: chromium could not be installed (.cache/apt-chromium.log): the browser test will skip"; \
+	  else echo "kdkit: no chromium and not root: the browser test will skip (apt-get install chromium)"; fi; fi
 
 # rebuilds data/captured_tensors; refuses to overwrite unless FORCE=1
 bundled: $(DEMO_STAMP)

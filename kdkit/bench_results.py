@@ -90,6 +90,16 @@ def shapes(results: dict) -> list[tuple]:
     return sorted({(r["bs"], r["q_len"], r["heads"]) for r in results["rows"]})
 
 
+def pick_shape(results: dict, bs: int | None = None, q_len: int | None = None, heads: int | None = None) -> dict:
+    """One (bs, q_len, heads) of the run: the given values, the first measured shape filling in
+    those left None (a sweep figure mixing two q_lens would draw nonsense)."""
+    for b, q, h in shapes(results):
+        if (bs is None or b == bs) and (q_len is None or q == q_len) and (heads is None or h == heads):
+            return {"bs": b, "q_len": q, "heads": h}
+    raise ValueError(f"no shape bs={bs} q_len={q_len} heads={heads} in the run of {results.get('gpu')} "
+                     f"({results.get('date')}); measured (bs, q_len, heads): {shapes(results)}")
+
+
 def shape_text(row: dict) -> str:
     return f"bs {row['bs']}, q_len {row['q_len']}, H {row['heads']}"
 
@@ -118,23 +128,23 @@ def summary(results: dict, **want) -> list[dict]:
     return out
 
 
-def grid(prefixes, nsplits, bs: int = 1, q_len: int = 9, heads: int = 8) -> list[dict]:
-    """The shapes of an NSPLIT x prefix sweep, as kdkit.bench.run_grid takes them."""
-    return [{"bs": bs, "prefix": int(p), "q_len": q_len, "heads": heads} for p in prefixes]
+def nsplit_sweep(shape_set: str = "nsplit") -> dict:
+    """The sweep's defaults from kdkit/shapes.json: {"prefixes", "bs", "q_len", "heads"}."""
+    from . import shapes
+    rows = shapes.get(shape_set)
+    one = {k: sorted({r[k] for r in rows}) for k in ("bs", "q_len", "heads")}
+    if any(len(v) != 1 for v in one.values()):
+        raise ValueError(f"shape set {shape_set!r} mixes {one}: an NSPLIT x prefix sweep is of one (bs, q_len, heads)")
+    return {"prefixes": sorted({r["prefix"] for r in rows}), **{k: v[0] for k, v in one.items()}}
 
 
-def measure(shapes: list[dict], backends=("cuda", "triton_sglang"), nsplits=(1, 2, 4, 8, 16, 32),
-            graph: bool = True, progress: bool = True) -> dict:
+def measure(prefixes, bs: int = 1, q_len: int = 9, heads: int = 8, nsplits=(1, 2, 4, 8, 16, 32, 64),
+            backends=("cuda", "triton_sglang", "triton_decode", "torch"), graph: bool = True,
+            progress: bool = True) -> dict:
     """A live sweep through kdkit.bench.run_grid (needs a CUDA GPU), checked like a file."""
-    try:
-        from . import bench
-    except ImportError as e:
-        raise RuntimeError(f"kdkit.bench cannot be imported ({e}): this kdkit measures nothing live; "
-                           "use the committed results (measure=False)") from None
-    if not hasattr(bench, "run_grid"):
-        raise RuntimeError("kdkit.bench has no run_grid(shapes, backends, nsplits, graph, progress) yet: "
-                           "use the committed results (measure=False) or run `kdkit bench` on the GPU")
-    return check(bench.run_grid(shapes, list(backends), list(nsplits), graph, progress), "kdkit.bench.run_grid()")
+    from . import bench
+    shapes = [bench.Shape(bs, int(p), q_len, heads) for p in prefixes]
+    return check(bench.run_grid(shapes, tuple(backends), tuple(nsplits), graph, progress), "kdkit.bench.run_grid()")
 
 
 def gpu_here() -> str | None:
@@ -147,20 +157,17 @@ def gpu_here() -> str | None:
 
 
 def obtain(results_path: str | os.PathLike | None = None, live: bool | None = None, **sweep) -> tuple[dict, str]:
-    """(results, where they came from). live=None measures when a GPU is here, else reads
-    results_path, or the latest committed run under benchmarks/results/. sweep: grid()'s and
-    measure()'s arguments (prefixes, nsplits, bs, q_len, heads, backends, graph)."""
+    """(results, where they came from). live=None measures when a GPU is here and no results_path
+    is given; otherwise reads results_path, or the latest committed run under benchmarks/results/.
+    sweep: measure()'s arguments (prefixes, bs, q_len, heads, nsplits, backends, graph)."""
     if live is None:
         live = gpu_here() is not None and not results_path
     if live:
-        g = {k: sweep[k] for k in ("bs", "q_len", "heads") if k in sweep}
-        shapes = grid(sweep.get("prefixes", (21, 1024, 8192, 32768, 131072)), sweep.get("nsplits", ()), **g)
-        m = {k: sweep[k] for k in ("backends", "nsplits", "graph") if k in sweep}
-        res = measure(shapes, **m)
-        return res, f"measured live on {res.get('gpu', gpu_here())} ({res.get('date', 'now')})"
+        res = measure(**sweep)
+        return res, f"measured live on {res['gpu']} ({res['date']})"
     path = Path(results_path) if results_path else latest()
     if path is None:
-        raise FileNotFoundError(f"no results under {RESULTS_DIR} and live=False (or no GPU here): run "
-                                "`kdkit bench` on a GPU and commit its JSON, or pass results_path")
+        raise FileNotFoundError(f"no results under {RESULTS_DIR} and no live run (no GPU here, or live=False): "
+                                "run `kdkit bench` on a GPU and commit its JSON, or pass results_path")
     res = load(path)
     return res, f"committed results of the last GPU run: {res['gpu']}, {res['date']} ({path.name})"

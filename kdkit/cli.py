@@ -365,20 +365,18 @@ def add_report(p: argparse.ArgumentParser) -> None:
     _add_replay_common(p)
     p.add_argument("-o", "--out", metavar="PATH", type=Path,
                    help="a directory: one self-contained HTML page per case and index.html (pass/fail "
-                        "per case); or one report file, .html or .md (default: reports/<case id>.html "
-                        "for one case file, reports/<directory name>/ for a directory)")
+                        "per case); or one report file, .html or .md (default: reports/<first case's "
+                        "id>.html)")
 
 
 def cmd_report(args) -> int:
-    """Replay case files (or directories of them) and write self-contained reports: HTML pages
-    with figures and an index, or one HTML or Markdown file.
+    """Replay case files and write self-contained reports (HTML pages and an index, or one file).
 
+    -o DIR writes one HTML page per case and index.html; -o NAME.html or NAME.md one file.
     Exit codes as replay; nothing is written when an input cannot be used."""
     from .report import FORMATS, is_report_dir, write_report_dir
-    dirs = [Path(c) for c in args.cases if Path(c).is_dir()]
     files = _usable_cases(args.cases)
-    out = args.out or (Path("reports") / dirs[0].resolve().name if dirs
-                       else Path("reports") / f"{_load(files[0]).case_id}.html")
+    out = args.out or Path("reports") / f"{_load(files[0]).case_id}.html"
     if not is_report_dir(out):
         _check_out(out, FORMATS)
         done = _replay_all(args, files)

@@ -333,29 +333,30 @@ def _label(results: dict) -> str:
 def nsplit_heatmap(results: dict, metric: str = "gbps", bs: int = 1, q_len: int | None = None,
                    heads: int | None = None, graph: bool = False) -> go.Figure:
     """The CUDA kernel's NSPLIT (y) x prefix length (x) grid of `metric` ("gbps", "roofline_frac"
-    or "us"), one shape (bs, q_len, heads), with the automatic NSPLIT of each prefix marked."""
+    or "us"), one shape (bs, q_len, heads): the swept NSPLITs and, boxed in red, the one the kernel
+    chose by itself at each prefix (its own row when it is not among the swept ones)."""
     from . import bench_results as br
-    rows = br.select(results, backend="cuda", bs=bs, q_len=q_len, heads=heads, graph=graph,
-                     nsplit_auto=False)
-    if not rows:
+    bs, q_len, heads = br.pick_shape(results, bs, q_len, heads).values()
+    sel = dict(backend="cuda", bs=bs, q_len=q_len, heads=heads, graph=graph)
+    swept, auto = br.select(results, nsplit_auto=False, **sel), br.select(results, nsplit_auto=True, **sel)
+    if not swept and not auto:
         raise ValueError(f"no cuda rows for bs={bs} q_len={q_len} heads={heads} graph={graph} "
                          f"in {_label(results)}; shapes there: {br.shapes(results)}")
-    prefixes = sorted({r["prefix"] for r in rows})
-    nsplits = sorted({r["nsplit"] for r in rows})
+    prefixes = sorted({r["prefix"] for r in swept + auto})
+    nsplits = sorted({r["nsplit"] for r in swept + auto})
     z = np.full((len(nsplits), len(prefixes)), np.nan)
-    for r in rows:
+    for r in swept + auto:
         z[nsplits.index(r["nsplit"]), prefixes.index(r["prefix"])] = r[metric]
     xs, ys = [str(p) for p in prefixes], [str(s) for s in nsplits]
     fmt = {"gbps": ".0f", "roofline_frac": ".0%", "us": ".1f"}.get(metric, ".3g")
     fig = go.Figure(go.Heatmap(z=z, x=xs, y=ys, colorscale="Viridis", colorbar={"title": metric},
-                               texttemplate="%{z:" + fmt + "}",
+                               texttemplate="%{z:" + fmt + "}", xgap=1, ygap=1,
                                hovertemplate="prefix %{x} nsplit %{y}: %{z:" + fmt + "}<extra></extra>"))
-    auto = br.select(results, backend="cuda", bs=bs, q_len=q_len, heads=heads, graph=graph, nsplit_auto=True)
-    ax = [(str(r["prefix"]), str(r["nsplit"])) for r in auto if str(r["nsplit"]) in ys]
-    if ax:
-        fig.add_trace(go.Scatter(x=[a for a, _ in ax], y=[s for _, s in ax], mode="markers", name="auto NSPLIT",
-                                 marker={"symbol": "square-open", "size": 26, "color": "red", "line": {"width": 3}}))
-    shape = br.shape_text(rows[0])
+    if auto:
+        fig.add_trace(go.Scatter(x=[str(r["prefix"]) for r in auto], y=[str(r["nsplit"]) for r in auto],
+                                 mode="markers", name="automatic NSPLIT", hoverinfo="skip",
+                                 marker={"symbol": "square-open", "size": 30, "color": "red", "line": {"width": 3}}))
+    shape = br.shape_text((swept + auto)[0])
     what = {"gbps": "GB/s", "roofline_frac": "fraction of the roofline", "us": "time (us)"}.get(metric, metric)
     return _finish(fig, f"CUDA kernel {what}: NSPLIT x prefix",
                    f"{shape}{', graph replay' if graph else ''}; {_label(results)}; red squares: the automatic NSPLIT",
@@ -367,6 +368,7 @@ def nsplit_lines(results: dict, bs: int = 1, q_len: int | None = None, heads: in
                  graph: bool = False) -> go.Figure:
     """GB/s against the prefix length, one line per NSPLIT, the automatic choice as its own line."""
     from . import bench_results as br
+    bs, q_len, heads = br.pick_shape(results, bs, q_len, heads).values()
     rows = br.select(results, backend="cuda", bs=bs, q_len=q_len, heads=heads, graph=graph)
     if not rows:
         raise ValueError(f"no cuda rows for bs={bs} q_len={q_len} heads={heads} in {_label(results)}")
@@ -393,6 +395,7 @@ def backends_vs_prefix(results: dict, bs: int = 1, q_len: int | None = None, hea
     """Every backend on the same shapes: time (or GB/s) against the prefix length; for the CUDA
     kernel its automatic NSPLIT, eager launches."""
     from . import bench_results as br
+    bs, q_len, heads = br.pick_shape(results, bs, q_len, heads).values()
     fig = go.Figure()
     shape = None
     for be in br.BACKENDS:
@@ -420,6 +423,7 @@ def backends_vs_prefix(results: dict, bs: int = 1, q_len: int | None = None, hea
 def graph_replay(results: dict, bs: int = 1, q_len: int | None = None, heads: int | None = None) -> go.Figure:
     """The CUDA kernel at its automatic NSPLIT: eager launches against CUDA graph replay."""
     from . import bench_results as br
+    bs, q_len, heads = br.pick_shape(results, bs, q_len, heads).values()
     fig = go.Figure()
     shape = None
     for graph in (False, True):

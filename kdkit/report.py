@@ -361,8 +361,9 @@ def expand_cases(paths) -> list[Path]:
 
 
 def is_report_dir(out: str | os.PathLike) -> bool:
-    """--out names a directory (per-case pages + index.html) unless it ends in .html/.htm/.md."""
-    return Path(out).suffix.lower() not in FORMATS
+    """--out names a directory (per-case pages + index.html): an existing one, or a name without a
+    suffix; anything else is one report file (.html/.md; another suffix is refused)."""
+    return Path(out).is_dir() or not Path(out).suffix
 
 
 def _page_name(case_id: str, taken: set) -> str:

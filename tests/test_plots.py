@@ -197,7 +197,7 @@ def test_bench_figures_from_the_fixture():
     assert {t.name for t in back.data} >= {"kdkit CUDA kernel", "SGLang Triton extend", "roofline floor"}
     g = plots.graph_replay(results)
     assert [t.name for t in g.data] == ["eager launch", "graph replay"]
-    with pytest.raises(ValueError, match="no cuda rows"):
+    with pytest.raises(ValueError, match="no shape bs=64"):
         plots.nsplit_heatmap(results, bs=64)
 
 
