@@ -138,6 +138,20 @@ def test_nsplit_shows_committed_results_labelled(tmp_path):
     assert len(outputs(nb, PLOTLY)) == 5
 
 
+def test_nsplit_defaults_show_the_latest_committed_run(tmp_path):
+    from kdkit import bench_results
+    latest = bench_results.latest()
+    if latest is None:
+        pytest.skip(f"no results committed under {bench_results.RESULTS_DIR} yet (kdkit bench on a GPU writes them)")
+    if bench_results.gpu_here():
+        pytest.skip("a GPU is here: the notebook's default measures live (the GPU tests' business)")
+    committed = bench_results.load(latest)
+    nb, res, _ = execute("nsplit", tmp_path)
+    assert (res["gpu"], res["date"]) == (committed["gpu"], committed["date"])
+    assert res["source"].startswith("committed results of the last GPU run") and latest.name in res["source"]
+    assert len(outputs(nb, PLOTLY)) == 5 and res["summary"]
+
+
 def _capture_dir(tmp_path):
     d = tmp_path / "capture"
     d.mkdir()
