@@ -506,3 +506,14 @@ def test_gpu_marker_selects_every_gpu_test():
     assert any(t.startswith("tests/test_cuda_kernel.py::") for t in gpu), gpu
     assert not {t for t in cpu if t in known or t.startswith("tests/test_cuda_kernel.py::")}, cpu & gpu
     assert not gpu & cpu
+
+
+def test_compile_without_nvrtc_exits_1_with_the_fix(capsys, monkeypatch):
+    """Nothing requested can run without NVRTC: exit 1 and the install line (arguments still exit 2)."""
+    monkeypatch.setitem(sys.modules, "cuda.bindings", None)  # `from cuda.bindings import nvrtc` fails
+    monkeypatch.setitem(sys.modules, "cuda.bindings.nvrtc", None)
+    rc, out, err = run(capsys, "compile", "--arch", "sm_90")
+    assert rc == 1 and out == ""
+    assert first_line(err).startswith("kdkit: NVRTC is not installed: `pip install cuda-bindings")
+    rc, _, err = run(capsys, "compile", "--arch", "sm_75")
+    assert rc == 2 and "needs sm_80 or newer" in err
