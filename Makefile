@@ -12,6 +12,8 @@ PYTEST_ARGS ?=
 # SGLANG_ENV= skips it (the default with VENV=: GPU hosts without internet).
 SGLANG_NEWEST ?= 0.5.23
 SGLANG_ENV ?= $(if $(strip $(VENV)),.venv-sglang,)
+# Debian's chromium for the browser test (the `chromium` target below); none with VENV=
+CHROMIUM ?= $(if $(strip $(VENV)),chromium,)
 SGLANG_ENV_PKGS = triton numpy tabulate pytest orjson psutil pybase64 requests pillow starlette tqdm IPython \
 	aiohttp dill einops gguf huggingface_hub msgspec openai==2.8.0 partial_json_parser pydantic regex \
 	safetensors sentencepiece==0.2.1 pyzmq transformers==5.19.0 compressed-tensors==0.18.0 loguru \
@@ -38,14 +40,13 @@ SG_STAMP := $(if $(strip $(SGLANG_ENV)),$(SGLANG_ENV)/.kdkit-installed,)
 demo: $(DEMO_STAMP)
 	$(KDKIT) replay data/captured_tensors/seed-shape.pt --backends all --allow-skip --report reports/demo.html --force
 
-test: $(TEST_STAMP) $(SG_STAMP) chromium
+test: $(TEST_STAMP) $(SG_STAMP) $(if $(strip $(CHROMIUM)),chromium,)
 	$(PY) -m pytest tests -q --durations=15 $(PYTEST_ARGS)
 	if [ -n "$(SG_STAMP)" ]; then KDKIT_SGLANG_ENV=1 $(SGLANG_ENV)/bin/python -m pytest tests/sglang_env -q --durations=5 $(PYTEST_ARGS); fi
 
 # tests/test_notebook_browser.py drives Debian's chromium (Playwright from the dev extra, no browser
 # download). As root (CI) it is installed when missing; elsewhere, or when apt cannot, the test
-# skips and says why. CHROMIUM= skips this step.
-CHROMIUM ?= chromium
+# skips and says why. CHROMIUM= (the default with VENV=) skips this step.
 .PHONY: chromium
 chromium:
 	@if [ -n "$(CHROMIUM)" ] && ! command -v $(CHROMIUM) >/dev/null 2>&1; then \
