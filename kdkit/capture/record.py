@@ -201,8 +201,10 @@ def build_case(snap: Snapshot) -> case_mod.Case:
     kv_buffer = t["rows"][pos[first]].clone()
     idt = snap.params["kv_indices_dtype"]
     loc_dt = t["out_cache_loc"].dtype
+    # TARGET_VERIFY's seq_lens are the committed prefixes: kept as SGLang had them, so that a
+    # disagreement with kv_indptr shows in the lint; other modes count their new tokens in seq_lens
     prefix = t["prefix_lens"]
-    if prefix is None:
+    if prefix is None or snap.meta.get("forward_mode") != "target_verify":
         prefix = torch.diff(kvp)
     meta = dict(snap.meta)
     meta["max_len_extend"] = snap.params["max_len_extend"]
