@@ -64,7 +64,8 @@ class ReplayReport:
 
     def table(self) -> str:
         from tabulate import tabulate
-        head = ["backend", "status", "max_abs", "mean_abs", "rel", "cos_dist", "lse_err", "limit", "time"]
+        # "nearest": the check (kdkit.compare.judge) closest to its limit, value / limit (> 1 fails)
+        head = ["backend", "status", "max_abs", "mean_abs", "rel", "cos_dist", "lse_err", "limit", "nearest", "time"]
         e = (lambda x: "-" if x is None else f"{x:.2e}")
         rows = []
         for r in self.rows:
@@ -72,12 +73,14 @@ class ReplayReport:
             rows.append([r.backend, r.status,
                          e(m and m.max_abs), e(m and m.mean_abs), e(m and m.rel), e(m and m.cos_dist),
                          e(m.lse_max_abs if m else None), e(r.verdict.limit if r.verdict else None),
-                         _fmt_time(r.seconds) if r.status in ("pass", "fail") else "-"])
+                         _nearest(r.verdict), _fmt_time(r.seconds) if r.status in ("pass", "fail") else "-"])
         out = [f"{self.summary}  (against {self.against}"
                + (f", production = {self.production})" if self.production else ", no production path)"),
                tabulate(rows, head, tablefmt="plain", disable_numparse=True,
                         colalign=("left", "left") + ("right",) * (len(head) - 2))]
         for r in self.rows:
+            if r.status == "pass" and r.verdict is not None and r.verdict.lse_limit is None and self.against == "oracle":
+                out.append(f"  {r.backend}: no LSE from the backend: judged on the output alone (tighter limits)")
             if r.status != "pass" and r.reason:
                 # unavailable() lines already start with the backend's name
                 lead = "" if r.reason.startswith(f"{r.backend}:") else f"{r.backend}: "
@@ -96,6 +99,14 @@ class ReplayReport:
 
     def __str__(self) -> str:
         return self.table()
+
+
+def _nearest(v) -> str:
+    """`ulp_row 0.31`: the check of a verdict nearest its limit, as value / limit."""
+    if v is None or not v.checks:
+        return "-"
+    name, (val, lim) = max(v.checks.items(), key=lambda kv: kv[1][0] / kv[1][1] if kv[1][1] > 0 else float("inf"))
+    return f"{name} {val / lim:.2g}" if lim > 0 else f"{name} inf"
 
 
 def _fmt_time(s: float) -> str:

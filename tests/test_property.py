@@ -79,3 +79,19 @@ def test_specs_are_seeded_and_cover_the_space():
     assert {s["heads"] for s in specs} >= {1, 8, 16, 64, 128}   # heads also halve to fit the rows limit
     assert max(max(s["prefix"]) for s in specs) >= 8190 and min(min(s["prefix"]) for s in specs) == 0
     assert max(max(s["q_len"]) for s in specs) >= 65 and {s["logit_cap"] for s in specs} == {0.0, 30.0}
+
+
+def test_runner_for_the_gpu_run(tmp_path):
+    """trials.run_correct is what the 1000-case GPU run calls with backend "cuda": here with torch.
+    A broken backend (a mutant) shows the failure path: the seed printed, the case saved, and the
+    saved case fails the same way when judged again."""
+    lines = []
+    s = trials.run_correct("torch", range(4), tmp_path / "ok", log=lines.append)
+    assert s.examples == 4 and not s.failures and 0 < s.worst_ratio < 1
+    assert lines[-1].startswith("torch: 4 correct random cases, 0 false alarm(s)")
+    lines = []
+    s = trials.run_correct("torch", [5, 6], tmp_path / "bad", log=lines.append, mutant="no-scale")
+    assert [f[0] for f in s.failures] == [5, 6]
+    assert lines[0].startswith("FALSE ALARM seed 5:") and "kdkit replay" in lines[0]
+    back = load(s.failures[0][1])
+    assert not trials.check(back, "torch", mutant="no-scale").passed and trials.check(back, "torch").passed

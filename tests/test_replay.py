@@ -121,7 +121,7 @@ def test_table_and_seed_lines():
     lines = tab.splitlines()
     assert lines[0].startswith("seed-shape: synthetic bs=1 H=8 q_len=9 prefix=21")
     assert lines[1].split() == ["backend", "status", "max_abs", "mean_abs", "rel", "cos_dist",
-                                "lse_err", "limit", "time"]
+                                "lse_err", "limit", "nearest", "time"]
     assert lines[3].split()[:2] == ["torch", "pass"]
     # the columns line up: every table row has the header's length or is a reason line below
     width = len(lines[1])
