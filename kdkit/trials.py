@@ -7,7 +7,7 @@
     s = trials.run_correct("cuda", range(1000), out_dir="reports/property")   # the GPU run
     rows = trials.mutant_rows("torch", {"probe-8k": probes.make("probe-8k")})
 
-    python -m kdkit.trials correct --backend cuda --seeds 0:1000 --out reports/property
+    python -m kdkit.trials correct --backend cuda --seeds 0:1000 --big --out reports/property
     python -m kdkit.trials mutants --backend cuda [--cases bundled,probes]
 
 A correct run that fails prints its seed and spec and saves the case under out_dir, so
@@ -147,13 +147,18 @@ def record_failure(case, seed, trial: Trial, out_dir) -> Path:
     return path
 
 
-def run_correct(backend: str, seeds, out_dir="reports/property", log=print, **opts) -> Summary:
-    """Correct-backend trials over `seeds` (spec_for_seed); every failure printed with its seed and
-    saved under out_dir. The lead's GPU run: run_correct("cuda", range(1000))."""
+# larger shapes for a GPU host (its CPU runs the float64 oracle: ~1 s a case at these sizes)
+BIG = {"work": 4e6, "rows": 4096, "kv": 200_000}
+
+
+def run_correct(backend: str, seeds, out_dir="reports/property", log=print, spec_kw: dict | None = None,
+                **opts) -> Summary:
+    """Correct-backend trials over `seeds` (spec_for_seed(seed, **spec_kw)); every failure printed
+    with its seed and saved under out_dir. The GPU run: run_correct("cuda", range(1000), spec_kw=BIG)."""
     s = Summary(backend)
     t0 = time.perf_counter()
     for seed in seeds:
-        case = make(spec_for_seed(seed))
+        case = make(spec_for_seed(seed, **(spec_kw or {})))
         t = check(case, backend, **opts)
         s.examples += 1
         if t.ratio > s.worst_ratio:
@@ -238,12 +243,13 @@ def main(argv=None) -> int:
     c.add_argument("--backend", default="torch")
     c.add_argument("--seeds", default="0:500", help="A:B (or N for 0:N)")
     c.add_argument("--out", default="reports/property", help="where failing cases are saved")
+    c.add_argument("--big", action="store_true", help=f"larger shapes ({BIG}), for a GPU host")
     m = sub.add_parser("mutants", help="every mutant on the bundled cases and the probes")
     m.add_argument("--backend", default="torch")
     m.add_argument("--long", action="store_true", help="also the generated probe-32k and probe-128k")
     args = ap.parse_args(argv)
     if args.cmd == "correct":
-        return 1 if run_correct(args.backend, _seeds(args.seeds), args.out).failures else 0
+        return 1 if run_correct(args.backend, _seeds(args.seeds), args.out, spec_kw=BIG if args.big else None).failures else 0
     from . import bundled, probes
     from .case import load
     cases = {Path(e["path"]).stem: load(bundled.DEFAULT_DIR / e["path"])
