@@ -2,9 +2,11 @@
 
 Everything is computed in float64 on the CPU, whatever the inputs' dtype or device.
 
-The rule (FlashAttention's, see `judge`): a backend's error against the float64 oracle may be at
-most 2x the production path's error (SGLang's Triton kernel against the same oracle) plus a bf16
-rounding floor; without the production path, the floor alone.
+The rule (see `judge`): against the float64 oracle, every statistic of a backend's error may be at
+most 2x the production path's (SGLang's Triton kernel against the same oracle) plus a rounding
+floor; without the production path, the floor alone. The statistics: max |error| (FlashAttention's
+rule), the error in bf16 spacings of each element (worst element, row, token, head, mean), and
+each row's LSE error in units of its fp32 error scale. Every constant says where it came from.
 """
 from __future__ import annotations
 
