@@ -178,7 +178,7 @@ def run_correct(backend: str, seeds, out_dir="reports/property", log=print, spec
 class MutantRow:
     mutant: str
     case_id: str
-    status: str                   # "caught" | "MISSED" | "cannot act"
+    status: str                   # "caught" | "MISSED" | "cannot act" | "error: ..."
     caught_by: str = ""           # the check with the largest value/limit, with the LSE
     ratio: float = 0.0            # its value / limit
     output_only: str = ""         # the same on the output alone ("-" when missed there)
@@ -193,7 +193,11 @@ def mutant_rows(backend: str, cases: dict, names=None, **opts) -> list[MutantRow
         ref = Reference(case)
         good = backends.run(backend, case.clone(), **opts)
         for name in names or MUTANTS:
-            bad = backends.run(backend, case.clone(), mutant=name, **opts)
+            try:
+                bad = backends.run(backend, case.clone(), mutant=name, **opts)
+            except Exception as e:  # a mutant that does not build or run: a row that says so
+                rows.append(MutantRow(name, cid, f"error: {type(e).__name__}: {e}".splitlines()[0][:200]))
+                continue
             same_lse = (bad.lse is None and good.lse is None) or (
                 bad.lse is not None and good.lse is not None and torch.equal(bad.lse, good.lse))
             if torch.equal(bad.out, good.out) and same_lse:
@@ -216,6 +220,10 @@ def table(rows: list[MutantRow]) -> str:
         caught = [r for r in mine if r.status == "caught"]
         missed = [r for r in mine if r.status == "MISSED"]
         inert = [r.case_id for r in mine if r.status == "cannot act"]
+        errors = [r for r in mine if r.status.startswith("error")]
+        if errors:
+            out.append(f"| {name} | {errors[0].status} ({len(errors)} cases) | - | - | - |")
+            continue
         low = min(caught, key=lambda r: r.ratio, default=None)
         lo_out = min(caught, key=lambda r: r.output_ratio, default=None)
         out.append(f"| {name} | {len(caught)}/{len(mine) - len(inert)} cases"
@@ -258,7 +266,7 @@ def main(argv=None) -> int:
         cases.update({n: probes.make(n) for n in probes.names() if n not in probes.BUNDLED})
     rows = mutant_rows(args.backend, cases)
     print(table(rows))
-    return 1 if any(r.status == "MISSED" for r in rows) else 0
+    return 1 if any(r.status != "caught" and r.status != "cannot act" for r in rows) else 0
 
 
 if __name__ == "__main__":
