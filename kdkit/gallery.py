@@ -77,15 +77,17 @@ def mutants() -> tuple[dict, str | None]:
     return dict(mod.MUTANTS), None
 
 
-def mutant(name: str, case: Case, description: str = "", **torch_opts) -> Entry:
+def mutant(name: str, case: Case, description: str = "", after=None, findings=None, **torch_opts) -> Entry:
     """A deliberately wrong build planted in the torch backend: the judge must fail it against the
-    oracle; the fix is the correct build (no mutant)."""
-    before = replay.replay(case, BACKENDS, torch={**torch_opts, "mutant": name})
+    oracle; the fix is the correct build (no mutant). after: the correct build's replay of the same
+    case, when the caller has it (the same for every mutant); findings: the case's lint."""
+    before = replay.replay(case, BACKENDS, findings=findings, torch={**torch_opts, "mutant": name})
     row = before.row("torch")
     diagnosis = [f"torch {row.status}: {row.reason}"] if row.reason else [f"torch {row.status}"]
+    if after is None:
+        after = replay.replay(case, BACKENDS, findings=findings, torch=dict(torch_opts))
     return Entry(name=name, kind="mutant", what=description or name, case=case, before=before,
-                 diagnosis=diagnosis, fix="the correct build (no mutant)",
-                 after=replay.replay(case, BACKENDS, torch=dict(torch_opts)))
+                 diagnosis=diagnosis, fix="the correct build (no mutant)", after=after)
 
 
 def gallery(failure_paths, mutant_case: Case | None = None, **torch_opts) -> tuple[list[Entry], list[str]]:
@@ -96,5 +98,7 @@ def gallery(failure_paths, mutant_case: Case | None = None, **torch_opts) -> tup
     if why:
         notes.append(why)
     elif mutant_case is not None:
-        entries += [mutant(n, mutant_case, d, **torch_opts) for n, d in reg.items()]
+        findings = lint.check(mutant_case)
+        after = replay.replay(mutant_case, BACKENDS, findings=findings, torch=dict(torch_opts))
+        entries += [mutant(n, mutant_case, d, after=after, findings=findings, **torch_opts) for n, d in reg.items()]
     return entries, notes

@@ -173,6 +173,8 @@ def test_capture_table_of_a_capture_dir(tmp_path):
     assert "mask-indptr-sliced" in bad["lint"] and bad["verdict"] != "pass"
     assert broken["verdict"].startswith("cannot load") and broken["layer"] == 4
     assert len(outputs(nb, PLOTLY)) >= 5                               # the picked case, replayed
+    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert "KDKIT_MODE=capture" in text and "--disable-decode-cuda-graph" in text   # the capture command
 
 
 def test_capture_without_a_dir_uses_the_bundled_cases(tmp_path):
@@ -198,3 +200,20 @@ def test_failures_gallery(tmp_path):
         assert not mutants and any("kdkit.mutants" in n for n in res["notes"])
     else:
         assert {e["failure"] for e in mutants} == set(MUTANTS)
+
+
+# ---- on a GPU: the CUDA kernel in replay.ipynb, a live sweep in nsplit.ipynb -----------------------
+@pytest.mark.gpu
+def test_replay_notebook_runs_the_cuda_kernel(tmp_path):
+    nb, res, _ = execute("replay", tmp_path, case_path=str(DATA / "ragged-bs4.pt"),
+                         backends="oracle,torch,cuda", interactive=False)
+    assert res["rows"]["cuda"]["status"] == "pass", res["rows"]["cuda"]
+    assert res["ok"] and "error cuda" in res["figures"]
+
+
+@pytest.mark.gpu
+def test_nsplit_measures_live_on_a_gpu(tmp_path):
+    nb, res, _ = execute("nsplit", tmp_path, live=True, prefixes=[21, 4096], nsplits=[1, 4])
+    assert res["source"].startswith("measured live on"), res["source"]
+    assert [r["prefix"] for r in res["summary"]] == [21, 4096]
+    assert all(r["auto_us"] > 0 for r in res["summary"]) and len(outputs(nb, PLOTLY)) == 5
