@@ -102,6 +102,8 @@ def test_explorer_widgets_redraw_on_a_new_case():
     assert [r.backend for r in ex.view.rep.rows] == ["oracle"]
     ex.case.value = str(DATA / "failures" / "mask-indptr-sliced.pt")    # broken inputs: said, not raised
     assert "mask-indptr-sliced" in ex.status.value
+    first = knb.ReplayExplorer(None, DATA / "failures")                  # capture.ipynb: no case given
+    assert first.view.case.case_id.startswith("failure-") and "lint errors" in first.status.value
 
 
 def plots_worst(rep):
