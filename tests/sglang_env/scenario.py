@@ -9,10 +9,12 @@ The KDKIT_* settings and SGLANG_PLUGINS come from the environment. Prints one li
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import sys
+import warnings
 
 import torch
 
@@ -61,6 +63,25 @@ def _inject(kind):
         def full(self, path, overwrite=False):
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
         case_mod.Case.save = full
+
+
+@contextlib.contextmanager
+def count_syncs():
+    """The host syncs inside the block, as torch's sync debug mode reports them (one warning
+    each; nothing on a CPU). A list that fills when the block ends."""
+    found: list = []
+    if not torch.cuda.is_available():
+        yield found
+        return
+    prev = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield found
+        finally:
+            torch.cuda.set_sync_debug_mode(prev)
+    found.extend(str(w.message).splitlines()[0] for w in caught if "synchroniz" in str(w.message))
 
 
 def replace_in_graph(spec: dict) -> dict:
@@ -126,16 +147,20 @@ def main(spec: dict) -> dict:
         st = harness.Step(s.get("layout", "eager"), seed=s.get("seed", i), mode=s.get("forward_mode", "TARGET_VERIFY"))
         for lid in s.get("layers", [0, 1]):
             st.reset_pool()
-            if s.get("graph_capture"):
-                from sglang.srt.model_executor.runner_utils.capture_mode import model_capture_mode
-                with model_capture_mode():
-                    out = st.forward(lid).clone()
-            else:
-                out = st.forward(lid).clone()
+            with count_syncs() as hooked_syncs:
+                if s.get("graph_capture"):
+                    from sglang.srt.model_executor.runner_utils.capture_mode import model_capture_mode
+                    with model_capture_mode():
+                        out = st.forward(lid)
+                else:
+                    out = st.forward(lid)
+            out = out.clone()
             st.reset_pool()
             q, k, v = st.qkv[lid]
-            ref = plain(st.backend, q, k, v, st.layers[lid], st.batch).clone()
-            calls.append({"step": i, "layer": lid, "equal": bool(torch.equal(out, ref))})
+            with count_syncs() as plain_syncs:
+                ref = plain(st.backend, q, k, v, st.layers[lid], st.batch)
+            calls.append({"step": i, "layer": lid, "equal": bool(torch.equal(out, ref.clone())),
+                          "syncs": [len(hooked_syncs), len(plain_syncs)]})
     from kdkit.capture import plugin
     if plugin._HOOK is not None:
         plugin._HOOK.close()

@@ -28,6 +28,10 @@ def test_gpu_capture_replays_bitwise_on_the_same_device(tmp_path):
     res, lines, _ = run({"steps": [{"layout": "eager"}, {"layout": "graph"}]}, KDKIT_MODE="capture",
                         KDKIT_DIR=tmp_path)
     _all_equal(res)
+    # the snapshot adds no host sync: only device work and copies into pinned memory (torch's sync
+    # debug mode counts the syncs of the hooked call and of the unhooked one)
+    for c in res["calls"]:
+        assert c["syncs"][0] == c["syncs"][1], c
     files = sorted(tmp_path.iterdir())
     assert [f.name for f in files] == ["model-L0-r0-s0.pt", "model-L0-r0-s1.pt", "model-L1-r0-s0.pt",
                                        "model-L1-r0-s1.pt"]
