@@ -159,6 +159,10 @@ def test_capture_env_and_launch_flags(monkeypatch):
     r = _kdkit("capture", "env", "--mode", "capture", env={**env, "KDKIT_LAYERS": "0-60:4"})
     assert r.returncode == 0 and "KDKIT_LAYERS=0-60:4" in r.stdout
     assert "SGLANG_PLUGINS=kdkit KDKIT_MODE=capture python -m sglang.launch_server" in r.stdout
+    r = _kdkit("capture", "env", "--mode", "replace", env=env)
+    assert r.returncode == 0
+    if not torch.cuda.is_available():
+        assert "# kdkit's CUDA kernel cannot run here: no CUDA GPU" in r.stdout
     r = _kdkit("capture", "env", env={**env, "KDKIT_EVERY": "0"})
     assert r.returncode == 2 and r.stderr.strip() == ("kdkit: KDKIT_EVERY='0': want an integer >= 1 (the server "
                                                       "would stop at start-up with this line)")

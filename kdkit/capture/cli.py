@@ -74,8 +74,14 @@ def cmd_env(args) -> int:
         print(line)
     print()
     print("# launch")
-    for line in launch_lines(args.mode or s.mode, sglang_api.release()):
+    mode = args.mode or s.mode
+    for line in launch_lines(mode, sglang_api.release()):
         print(line)
+    if mode == "replace" or (mode == "validate" and s.kernel == "cuda"):
+        from .kernels import cuda_unavailable  # imports torch: only when the mode needs the kernel
+        why = cuda_unavailable()
+        print(f"# kdkit's CUDA kernel {'is ready here' if why is None else 'cannot run here: ' + why}"
+              + ("" if why is None else f" (SGLang would stop at start-up with KDKIT_MODE={mode})"))
     return EXIT_OK
 
 
