@@ -389,11 +389,14 @@ def load(path: str | os.PathLike, allow_nonfinite: bool = False) -> Case:
     if not (head.startswith(b"PK") or head.startswith(b"\x80")):
         raise CaseError("<file>", f"cannot be read as a torch file (truncated or not a .pt?): it starts "
                         f"with {head!r}, not a zip (torch.save) or a pickle", path)
+    if head.startswith(b"\x80"):
+        # the pre-1.6 torch format (or a bare pickle): its storages' sizes cannot be checked before
+        # torch allocates them, so it is not read at all
+        raise CaseError("<file>", "a bare pickle (torch.save's format before torch 1.6, or not a torch file): "
+                        "kdkit reads only the zip format, whose sizes are checked before anything is read; "
+                        "re-save it with Case.save. Not loaded, nothing from it ran", path)
     from . import ptfile  # the zip directory and the pickle, checked before torch reads them
-    if head.startswith(b"PK"):
-        ptfile.scan(path)
-    elif path.stat().st_size > ptfile.MAX_FILE_BYTES:
-        raise CaseError("<file>", f"{path.stat().st_size} bytes is more than a case can be; not loaded", path)
+    ptfile.scan(path)
     try:
         rec = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:

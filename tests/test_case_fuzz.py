@@ -168,6 +168,14 @@ def test_mixed_dtypes(tmp_path):
         load(path, allow_nonfinite=True)
 
 
+def test_legacy_torch_format_is_refused_unread(tmp_path):
+    """torch.save's pre-1.6 format declares storage sizes torch allocates before reading: not read."""
+    rec = make_case(bs=1, prefix=4, q_len=2, heads=1, tree="chain", seed=1).to_record()
+    path = tmp_path / "legacy.pt"
+    torch.save(rec, path, _use_new_zipfile_serialization=False)
+    _expect(path, "<file>", "before torch 1.6", "re-save")
+
+
 def test_oversized_file_is_refused_unread(tiny, tmp_path, monkeypatch):
     monkeypatch.setattr(ptfile, "MAX_FILE_BYTES", 1000)
     path = tmp_path / "big.pt"
