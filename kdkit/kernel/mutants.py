@@ -22,7 +22,7 @@ HOOKS: dict[str, dict] = {
     'v-wrong-dims': {"KD_MUT_V_DIM0": "64"},
     'wrong-head-stride': {"KD_MUT_HEAD(h, H)": "(((h) + 1) % (H))"},
     'bad-swizzle': {"KD_MUT_SWZ_READ(r)": "(((r) + 1) & 7)"},
-    'skip-pipeline-wait': {"KD_MUT_COPY_STEP(last)": "(!(last))"},
+    'skip-pipeline-wait': {"KD_MUT_READ_STAGE(stage, last)": "((last) ? (stage) ^ 1 : (stage))"},
 }
 assert set(HOOKS) == set(_WHAT), "kdkit/mutants.py and the kernel's hooks must list the same mutants"
 # name -> (hooks, what goes wrong)

@@ -31,6 +31,6 @@
 #ifndef KD_MUT_SWZ_READ       // the XOR swizzle the readers of a KV tile assume (writers use r & 7)
 #define KD_MUT_SWZ_READ(r) ((r) & 7)
 #endif
-#ifndef KD_MUT_COPY_STEP      // whether a KV step's copy into shared memory is issued (last: the split's last step)
-#define KD_MUT_COPY_STEP(last) true
+#ifndef KD_MUT_READ_STAGE     // the ring slot a step's QK and PV read (last: the split's last step)
+#define KD_MUT_READ_STAGE(stage, last) (stage)
 #endif

@@ -154,9 +154,9 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src + ld_c0 * 64));
     if (ld_c0 == 0) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src + 8 * 64));
   };
-  auto copy_step = [&](int stage, const bf16* src, bool last) {
+  auto copy_step = [&](int stage, const bf16* src) {
     const kd_u32 base = s_ring + stage * KD_STAGE_BYTES;
-    const bool valid = src != nullptr && KD_MUT_COPY_STEP(last);
+    const bool valid = src != nullptr;
 #pragma unroll
     for (int j = 0; j < KD_CHUNKS / 8; ++j) {
       const int c = ld_c0 + 8 * j;
@@ -166,7 +166,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   };
   kd_i64 idx1 = fetch_index(kv_begin + KD_BN + ld_row);       // step 1
   kd_i64 idx2 = fetch_index(kv_begin + 2 * KD_BN + ld_row);   // step 2
-  if (nsteps > 0) copy_step(0, row_src(kv_begin + ld_row, fetch_index(kv_begin + ld_row)), nsteps == 1);
+  if (nsteps > 0) copy_step(0, row_src(kv_begin + ld_row, fetch_index(kv_begin + ld_row)));
   if (nsteps > 1) prefetch_l2(row_src(kv_begin + KD_BN + ld_row, idx1));
 
   // ---- Q as B fragments, this warp's dim group only: B[k = dim][n = row] = q[row][dim] --------
@@ -203,7 +203,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     const int start = kv_begin + it * KD_BN;
     const int stage = it & 1;
     if (it + 1 < nsteps) {
-      copy_step(stage ^ 1, row_src(start + KD_BN + ld_row, idx1), it + 2 == nsteps);
+      copy_step(stage ^ 1, row_src(start + KD_BN + ld_row, idx1));
       idx1 = idx2;                                           // step it + 2
       idx2 = fetch_index(start + 3 * KD_BN + ld_row);        // step it + 3
       prefetch_l2(row_src(start + 2 * KD_BN + ld_row, idx1));
@@ -212,7 +212,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
       kd::cp_async_wait<0>();
     }
     __syncthreads();
-    const kd_u32 s_tile = s_ring + stage * KD_STAGE_BYTES;
+    const kd_u32 s_tile = s_ring + KD_MUT_READ_STAGE(stage, it + 1 == nsteps) * KD_STAGE_BYTES;
 
     // ---- QK: partial S^T of KV m-tile mg over dim group dg ------------------------------------
     {
