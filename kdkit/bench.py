@@ -25,6 +25,7 @@ import argparse
 import datetime as _dt
 import json
 import re
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -339,31 +340,49 @@ def save(res: dict, out_dir: Path = RESULTS) -> Path:
     return path
 
 
+def _names(text: str) -> list[str]:
+    names = [b.strip() for b in text.split(",") if b.strip()]
+    bad = [b for b in names if b not in BACKENDS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown backend(s) {', '.join(bad) or '(none given)'}; "
+                                         f"choose from {', '.join(BACKENDS)}")
+    return names
+
+
+def _splits(text: str) -> list[int]:
+    try:
+        vals = [int(n) for n in text.split(",") if n.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: want a comma list of split counts like 1,2,4")
+    if any(v < 1 for v in vals):
+        raise argparse.ArgumentTypeError(f"{text!r}: split counts are >= 1")
+    return vals
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="the nine shapes of the README table (about two minutes)")
-    p.add_argument("--backends", default=",".join(BACKENDS), help=f"comma list of {', '.join(BACKENDS)}")
-    p.add_argument("--nsplit", default="1,2,4,8,16,32,64,128,256",
+    p.add_argument("--backends", type=_names, default=",".join(BACKENDS), help=f"comma list of {', '.join(BACKENDS)}")
+    p.add_argument("--nsplit", type=_splits, default="1,2,4,8,16,32,64,128,256",
                    help="fixed split counts to sweep for the cuda backend beside the automatic one ('' for none)")
-    p.add_argument("--shapes", default="", help="only shapes whose label contains this text, e.g. '1x32768'")
+    p.add_argument("--shapes", default="", help="only shapes whose label contains this text, e.g. '1x32768' (default: all)")
     p.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph replay timing")
     p.add_argument("--out", default=str(RESULTS), help="directory for the JSON result file")
 
 
 def main(args) -> int:
-    """Benchmark kdkit's kernel beside SGLang's Triton kernels and torch on this GPU; write a JSON."""
+    """Benchmark kdkit's kernel beside SGLang's Triton kernels and torch on this GPU; write a JSON.
+    Arguments are checked (exit 2) before the GPU is (exit 1 without one)."""
     from .kernel import unavailable
+    shapes = [s for s in grid(args.quick) if args.shapes in s.label]
+    if not shapes:
+        print(f"kdkit bench: --shapes {args.shapes!r} matches no shape; labels look like "
+              f"{grid(args.quick)[0].label}", file=sys.stderr)
+        return 2
     why = unavailable()
     if why:
-        print(f"kdkit bench: {why}")
+        print(f"kdkit bench: {why}", file=sys.stderr)
         return 1
-    wanted = [b.strip() for b in args.backends.split(",") if b.strip()]
-    bad = [b for b in wanted if b not in BACKENDS]
-    if bad:
-        print(f"kdkit bench: unknown backend(s) {', '.join(bad)}; choose from {', '.join(BACKENDS)}")
-        return 2
-    nsplits = [int(n) for n in args.nsplit.split(",") if n.strip()]
-    shapes = [s for s in grid(args.quick) if args.shapes in s.label]
-    res = run_grid(shapes, wanted, nsplits, graph=not args.no_graph)
+    res = run_grid(shapes, args.backends, args.nsplit, graph=not args.no_graph)
     path = save(res, Path(args.out))
     print(summary(res))
     print(f"wrote {path}")

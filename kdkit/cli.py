@@ -462,13 +462,13 @@ def cmd_synth(args) -> int:
 def kernel_archs() -> dict:
     """The archs kdkit's kernel builds for: from the oldest its spec lists (mma.sync, ldmatrix and
     cp.async need sm_80), and among those this NVRTC targets ("nvrtc": None when it is not installed)."""
-    from .kernel.spec import ARCHS
+    from .kernel.spec import MIN_ARCH
     try:
         from cuda.bindings import nvrtc
         known = list(nvrtc.nvrtcGetSupportedArchs()[1])
     except ImportError:
         known = None
-    return {"min": min(int(a[3:]) for a in ARCHS), "nvrtc": known}
+    return {"min": MIN_ARCH, "nvrtc": known}
 
 
 def _check_arch(arch: str, archs: dict) -> None:

@@ -20,6 +20,7 @@ PARTIAL, MERGE = "kd_mla_tc_partial", "kd_mla_tc_merge"
 KERNELS = (PARTIAL, MERGE)
 MERGE_THREADS = 128           # the merge kernel's __launch_bounds__ (static_assert'ed in the .cu)
 ARCHS = ("sm_120", "sm_90", "sm_89", "sm_100", "sm_80")
+MIN_ARCH = 80                 # mma.sync bf16 m16n8k16, ldmatrix and cp.async all need sm_80
 NT_CHOICES = (1, 2, 3, 4, 5)  # query n-tiles of 8 rows per block; 5 is the most that fits 99 KB
 DEFAULT_NT = 4
 DL, DR = KV_LORA_RANK, QK_ROPE_HEAD_DIM  # latent (= value) dims and rope dims of an MLA KV row
