@@ -303,30 +303,30 @@ def _versions() -> dict:
 
 
 def summary(res: dict) -> str:
-    """The table the README quotes: per shape, kdkit (auto, graph), best fixed NSPLIT, Triton."""
+    """The table the README quotes: per shape, kdkit (auto, graph), best fixed NSPLIT, the others."""
+    from tabulate import tabulate
     by = {}
     for r in res["rows"]:
         by.setdefault((r["bs"], r["prefix"], r["q_len"], r["heads"]), []).append(r)
-    lines = [f"{res['gpu']} ({res['sms']} SMs), copy {res['copy_gbps']} GB/s, mma.sync {res['mma_tflops']} TFLOP/s",
-             f"{'bs x prefix, q_len, H':>24s} {'floor':>8s} {'cuda auto':>16s} {'graph':>8s} {'best fixed':>14s} "
-             f"{'triton ext':>10s} {'triton dec':>10s} {'torch':>9s}"]
+
+    def us(rows):
+        return f"{rows[0]['us']:.1f}" if rows else "-"
+    table = []
     for (bs, pf, ql, h), rs in by.items():
-        def pick(pred):
-            return [r for r in rs if pred(r)]
-        auto = pick(lambda r: r["backend"] == "cuda" and r["nsplit_auto"] and not r["graph"])
-        g = pick(lambda r: r["backend"] == "cuda" and r["graph"])
-        fixed = sorted(pick(lambda r: r["backend"] == "cuda" and not r["graph"]), key=lambda r: r["us"])
-        one = {b: pick(lambda r, b=b: r["backend"] == b) for b in ("triton_sglang", "triton_decode", "torch")}
-        fmt = lambda x: f"{x[0]['us']:.1f}" if x else "-"  # noqa: E731
-        a = auto[0] if auto else None
-        lines.append(f"{f'{bs} x {pf}, {ql}, {h}':>24s} {rs[0]['floor_us']:8.2f} "
-                     + (f"{a['us']:8.1f} ({100 * a['roofline_frac']:4.1f}%)" if a else f"{'-':>16s}")
-                     + f" {fmt(g):>8s} "
-                     + (f"{fixed[0]['us']:8.1f} ({fixed[0]['nsplit']})" if fixed else f"{'-':>14s}")
-                     + f" {fmt(one['triton_sglang']):>10s} {fmt(one['triton_decode']):>10s} {fmt(one['torch']):>9s}")
-    for k, v in res.get("skipped", {}).items():
-        lines.append(f"skipped {k}: {v}")
-    return "\n".join(lines)
+        cuda = [r for r in rs if r["backend"] == "cuda"]
+        auto = [r for r in cuda if r["nsplit_auto"] and not r["graph"]]
+        fixed = sorted((r for r in cuda if not r["graph"]), key=lambda r: r["us"])
+        table.append([f"{bs} x {pf}, {ql}, {h}", f"{rs[0]['floor_us']:.2f}",
+                      f"{auto[0]['us']:.1f} ({100 * auto[0]['roofline_frac']:.1f}%)" if auto else "-",
+                      us([r for r in cuda if r["graph"]]),
+                      f"{fixed[0]['us']:.1f} ({fixed[0]['nsplit']})" if fixed else "-",
+                      *(us([r for r in rs if r["backend"] == b]) for b in ("triton_sglang", "triton_decode", "torch"))])
+    head = f"{res['gpu']} ({res['sms']} SMs), copy {res['copy_gbps']} GB/s, mma.sync {res['mma_tflops']} TFLOP/s"
+    body = tabulate(table, ["bs x prefix, q_len, H", "floor us", "cuda auto", "graph", "best fixed (nsplit)",
+                            "triton ext", "triton dec", "torch"], tablefmt="simple", disable_numparse=True,
+                    stralign="right")
+    skipped = [f"skipped {k}: {v}" for k, v in res.get("skipped", {}).items()]
+    return "\n".join([head, body, *skipped])
 
 
 def save(res: dict, out_dir: Path = RESULTS) -> Path:

@@ -102,16 +102,15 @@ class CompileReport:
         return out
 
     def table(self) -> str:
-        lines = [f"{self.arch}  {self.key}",
-                 f"  {'kernel':20s} {'threads':>7s} {'regs':>5s} {'smem static':>11s} {'smem dyn':>9s} "
-                 f"{'stack':>6s} {'spill st/ld':>12s} {'lmem':>5s}"]
-        for k in self.kernels.values():
-            dyn = self.dynamic_smem if k.name == PARTIAL else 0
-            lines.append(f"  {k.name:20s} {self._threads(k.name):7d} {k.registers:5d} {k.smem_static:11d} "
-                         f"{dyn:9d} {k.stack:6d} {k.spill_stores:5d}/{k.spill_loads:<6d} {k.local:5d}")
+        from tabulate import tabulate
+        rows = [[k.name, self._threads(k.name), k.registers, k.smem_static,
+                 self.dynamic_smem if k.name == PARTIAL else 0, k.stack,
+                 f"{k.spill_stores}/{k.spill_loads}", k.local] for k in self.kernels.values()]
+        body = tabulate(rows, ["kernel", "threads", "regs", "smem static", "smem dyn", "stack",
+                               "spill st/ld", "lmem"], tablefmt="simple")
         br = self.breaches()
-        lines.append("  fits sm_120 limits: yes" if not br else "  BREACH: " + "; ".join(br))
-        return "\n".join(lines)
+        return "\n".join([f"{self.arch}  {self.key}", *("  " + line for line in body.splitlines()),
+                          "  fits sm_120 limits: yes" if not br else "  BREACH: " + "; ".join(br)])
 
 
 def compile_report(arch: str, config: KernelConfig | None = None) -> CompileReport:
