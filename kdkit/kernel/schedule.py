@@ -2,10 +2,9 @@
 and the SM count alone (no timing at plan time, so graph replay makes the same choice)."""
 from __future__ import annotations
 
-from .spec import NT_CHOICES
+from .spec import MAX_SPLITS, NT_CHOICES
 
 BLOCK_N = 32            # KV rows per pipeline step (kd_meta_block_n; checked against the build)
-MAX_SPLITS = 256
 WORKSPACE_LIMIT = 512 << 20  # fp32 partials beyond this are not worth the merge: fewer splits
 
 

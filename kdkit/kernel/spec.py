@@ -21,6 +21,7 @@ KERNELS = (PARTIAL, MERGE)
 MERGE_THREADS = 128           # the merge kernel's __launch_bounds__ (static_assert'ed in the .cu)
 ARCHS = ("sm_120", "sm_90", "sm_89", "sm_100", "sm_80")
 MIN_ARCH = 80                 # mma.sync bf16 m16n8k16, ldmatrix and cp.async all need sm_80
+MAX_SPLITS = 256             # KV splits per request at most: the merge kernel's weight table
 NT_CHOICES = (1, 2, 3, 4, 5)  # query n-tiles of 8 rows per block; 5 is the most that fits 99 KB
 DEFAULT_NT = 4
 DL, DR = KV_LORA_RANK, QK_ROPE_HEAD_DIM  # latent (= value) dims and rope dims of an MLA KV row
@@ -48,7 +49,7 @@ class KernelConfig:
         return 8 * self.nt
 
     def defines(self) -> dict:
-        d = {"KD_DL": DL, "KD_DR": DR, "KD_NT": self.nt,
+        d = {"KD_DL": DL, "KD_DR": DR, "KD_NT": self.nt, "KD_MAX_SPLITS": MAX_SPLITS,
              "KD_QO_T": _CTYPES[self.qo_t], "KD_KVP_T": _CTYPES[self.kvp_t],
              "KD_KVI_T": _CTYPES[self.kvi_t], "KD_MIP_T": _CTYPES[self.mip_t],
              "KD_PFX_T": _CTYPES[self.pfx_t]}

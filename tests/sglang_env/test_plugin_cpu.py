@@ -30,7 +30,10 @@ NEWEST = "0.5.23"
 
 def _env(**kw) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KDKIT_") and k != "SGLANG_PLUGINS"}
-    env["TRITON_INTERPRET"] = "1"
+    if torch.cuda.is_available():  # the GPU half (test_plugin_gpu.py): SGLang's Triton kernel compiled
+        env.pop("TRITON_INTERPRET", None)
+    else:
+        env["TRITON_INTERPRET"] = "1"
     env["SGLANG_PLUGINS"] = "kdkit"
     env.update({k: str(v) for k, v in kw.items()})
     return env

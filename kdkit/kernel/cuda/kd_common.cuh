@@ -39,9 +39,10 @@ __device__ __forceinline__ void ldsm_x4_trans(kd_u32 addr, kd_u32 (&r)[4]) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
-// D (16x8 fp32) += A (16x16 bf16, row-major) * B (16x8 bf16, column-major)
+// D (16x8 fp32) += A (16x16 bf16, row-major) * B (16x8 bf16, column-major). Not volatile: a pure
+// function of its registers, so the compiler may schedule it among the loads that feed it
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const kd_u32 (&a)[4], kd_u32 b0, kd_u32 b1) {
-  asm volatile(
+  asm(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])

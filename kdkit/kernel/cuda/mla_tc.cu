@@ -32,6 +32,9 @@ using bf16 = __nv_bfloat16;
 #ifndef KD_DR
 #error "KD_DR (rope dims) comes from kdkit/kernel/spec.py"
 #endif
+#ifndef KD_MAX_SPLITS
+#error "KD_MAX_SPLITS (the most KV splits a plan may ask for) comes from kdkit/kernel/spec.py"
+#endif
 #ifndef KD_NT
 #error "KD_NT (query n-tiles of 8 rows per block) comes from kdkit/kernel/spec.py"
 #endif
@@ -73,6 +76,7 @@ using bf16 = __nv_bfloat16;
 #define KD_OFF_P (KD_OFF_S + KD_KG * KD_NQ * KD_SPITCH * 4)
 #define KD_OFF_ALPHA (KD_OFF_P + KD_NQ * KD_PPITCH * 2)
 #define KD_SMEM_BYTES (KD_OFF_ALPHA + KD_NQ * 4)
+#define KD_OPITCH (KD_DL + 4)           // epilogue's O tile pitch (fp32): fragment stores conflict-free
 
 static_assert(KD_SMEM_BYTES <= 99 * 1024, "shared memory per block exceeds sm_120's 99 KB");
 static_assert(KD_WARPS == 2 * KD_KG && KD_BN == 32, "QK: 2 KV m-tiles x 4 dim groups = 8 warps; softmax: lane = KV row");
@@ -82,7 +86,9 @@ static_assert(KD_D % (16 * KD_KG) == 0, "each dim group is a whole number of 16-
 static_assert(KD_DL % (16 * KD_WARPS) == 0, "output dims split evenly in m-tiles over the warps");
 static_assert(KD_CHUNKS % 8 == 0, "the XOR swizzle permutes 16-byte chunks within groups of 8");
 static_assert(KD_NT >= 1 && KD_NQ <= KD_THREADS, "query rows per block");
-static_assert(2 * KD_NQ * 4 <= KD_KG * KD_NQ * KD_SPITCH * 4, "final max/sum alias the score tile");
+static_assert(KD_NQ * KD_OPITCH * 4 <= KD_OFF_P, "the epilogue's O tile fits in the ring and score tile");
+static_assert(2 * KD_NQ * 4 <= KD_NQ * KD_PPITCH * 2, "the epilogue's max and sum fit in the P tile");
+static_assert(KD_OPITCH % 32 == 4, "O tile stores: bank 8t + 4c + g, no conflict");
 
 // what Python reads back from the build (kdkit/kernel/spec.py): one source for these numbers
 extern "C" __device__ int kd_meta_smem_bytes = KD_SMEM_BYTES;
@@ -130,6 +136,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   const kd_i64 mask_base = mask ? static_cast<kd_i64>(static_cast<const KD_MIP_T*>(p.mask_indptr)[b]) : 0;
   const int mask_pitch = prefix + n;
   const float scale = KD_MUT_SCALE(p.sm_scale);
+  const float scale_log2 = scale * KD_LOG2E;
   const float cap = p.logit_cap;
 
   float* sS = reinterpret_cast<float*>(smem + KD_OFF_S);
@@ -142,12 +149,18 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   // one pool index per thread per step, fetched three steps ahead, the row pulled into L2 two steps
   // ahead, and copied to shared memory (cp.async) one step ahead, so no copy waits on an index.
   const int ld_row = tid >> 3, ld_c0 = tid & 7;
-  auto fetch_index = [&](int pos) -> kd_i64 {
-    return (pos < kv_end && pos < pool_len) ? static_cast<kd_i64>(kv_indices[kv_start + pos]) : 0;
+  // chunk ld_c0 + 8j of the row lands at ld_dst + 128 j: the swizzle permutes within groups of 8,
+  // so the nine copies of a step share one address register and use immediate offsets
+  const kd_u32 ld_dst = tile_off(ld_row, ld_c0);
+  // the pool index is kept as loaded (widened where it is used, two steps later), so the load's
+  // latency never stalls the step that issues it
+  auto fetch_index = [&](int pos) -> KD_KVI_T {
+    return (pos < kv_end && pos < pool_len) ? kv_indices[kv_start + pos] : static_cast<KD_KVI_T>(0);
   };
-  auto row_src = [&](int pos, kd_i64 idx) -> const bf16* {
+  auto row_src = [&](int pos, KD_KVI_T idx) -> const bf16* {
     if (pos >= kv_end) return nullptr;
-    return pos < pool_len ? pool + idx * p.kv_stride_row : kg_ + static_cast<kd_i64>(qs + pos - pool_len) * p.k_stride_tok;
+    return pos < pool_len ? pool + static_cast<kd_i64>(idx) * p.kv_stride_row
+                          : kg_ + static_cast<kd_i64>(qs + pos - pool_len) * p.k_stride_tok;
   };
   auto prefetch_l2 = [&](const bf16* src) {
     if (src == nullptr) return;  // 9 lines of 128 B per KV row: lines ld_c0 and, for ld_c0 0, line 8
@@ -155,19 +168,35 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     if (ld_c0 == 0) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src + 8 * 64));
   };
   auto copy_step = [&](int stage, const bf16* src) {
-    const kd_u32 base = s_ring + stage * KD_STAGE_BYTES;
+    const kd_u32 dst = s_ring + stage * KD_STAGE_BYTES + ld_dst;
     const bool valid = src != nullptr;
+    const bf16* from = (valid ? src : pool) + ld_c0 * 8;  // src-size 0 reads nothing when !valid
 #pragma unroll
-    for (int j = 0; j < KD_CHUNKS / 8; ++j) {
-      const int c = ld_c0 + 8 * j;
-      kd::cp_async_16(base + tile_off(ld_row, c), valid ? src + c * 8 : pool, valid);
-    }
+    for (int j = 0; j < KD_CHUNKS / 8; ++j) kd::cp_async_16(dst + j * 128, from + j * 64, valid);
     kd::cp_async_commit();
   };
-  kd_i64 idx1 = fetch_index(kv_begin + KD_BN + ld_row);       // step 1
-  kd_i64 idx2 = fetch_index(kv_begin + 2 * KD_BN + ld_row);   // step 2
+  KD_KVI_T idx1 = fetch_index(kv_begin + KD_BN + ld_row);       // step 1
+  KD_KVI_T idx2 = fetch_index(kv_begin + 2 * KD_BN + ld_row);   // step 2
   if (nsteps > 0) copy_step(0, row_src(kv_begin + ld_row, fetch_index(kv_begin + ld_row)));
   if (nsteps > 1) prefetch_l2(row_src(kv_begin + KD_BN + ld_row, idx1));
+  // The split that reaches the draft reads, at its last step, bytes nothing has touched yet: the
+  // mask's draft columns of this block's tokens and (sglang layout) the draft's V rows. Pull them
+  // into L2 now, so that step waits on L2, not on DRAM (for short KV this overlaps the index chain).
+  if (kv_end > prefix) {
+    const int i0 = row0 / H, i1 = (row0 + nrows - 1) / H;
+    if (mask) {
+      for (int i = i0 + tid; i <= i1; i += KD_THREADS) {
+        const kd_u8* mrow = mask + mask_base + static_cast<kd_i64>(i) * mask_pitch + prefix;
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(mrow));
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(mrow + n - 1));
+      }
+    }
+    if (!p.unified) {
+      const int first = max(kv_begin, pool_len) - pool_len, last = kv_end - pool_len;  // draft rows here
+      for (int e = first * 8 + tid; e < last * 8; e += KD_THREADS)  // 8 lines of 128 B per V row
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(vg + static_cast<kd_i64>(qs + (e >> 3)) * p.v_stride_tok + (e & 7) * 64));
+    }
+  }
 
   // ---- Q as B fragments, this warp's dim group only: B[k = dim][n = row] = q[row][dim] --------
   const int mg = warp & 1, dg = warp >> 1;
@@ -214,6 +243,30 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     __syncthreads();
     const kd_u32 s_tile = s_ring + KD_MUT_READ_STAGE(stage, it + 1 == nsteps) * KD_STAGE_BYTES;
 
+    // ---- which of this lane's scores are visible: bit j for query column warp + 8j, KV row
+    // start + lane. A step wholly inside the prefix (every step but a split's last, mostly) sees
+    // all of it; otherwise the mask's bytes are loaded here, all at once, and arrive during QK.
+    const int pos = start + lane;
+    const bool plain = start + KD_BN <= prefix && start + KD_BN <= kv_end;  // block-uniform
+    kd_u32 vis = 0;
+#pragma unroll
+    for (int j = 0; j < KD_NT; ++j) {
+      const int q = warp + 8 * j;
+      bool visible = q < nrows;  // idle columns see nothing: p = 0
+      if (!plain) {
+        visible = visible && pos < kv_end;
+        if (visible && pos >= prefix) {
+          const int i = (row0 + q) / H, jc = pos - prefix;
+          if (mask)
+            visible = mask[mask_base + static_cast<kd_i64>(KD_MUT_MASK_ROW(i, n)) * mask_pitch + prefix +
+                           KD_MUT_MASK_COL(jc, n)] != 0;
+          else
+            visible = !p.causal || jc <= i;
+        }
+      }
+      vis |= visible ? 1u << j : 0u;
+    }
+
     // ---- QK: partial S^T of KV m-tile mg over dim group dg ------------------------------------
     {
       float s[KD_NT][4];
@@ -226,14 +279,16 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
       // so a lane's address is one register plus a compile-time offset per k-step
       const int lr = mg * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;  // this lane's ldmatrix row
       const kd_u32 a_lane = s_tile + lr * KD_ROW_BYTES + ((((2 * dg + (lane >> 4)) ^ KD_MUT_SWZ_READ(lr)) & 7) << 4);
+      // A fragments double-buffered: k-step ks + 1's ldmatrix is in flight while ks's MMAs issue
+      kd_u32 a[2][4];
+      kd::ldsm_x4(a_lane, a[0]);
 #pragma unroll
       for (int ks = 0; ks < KD_KSTEPS; ++ks) {
+        if (ks + 1 < KD_KSTEPS) kd::ldsm_x4(a_lane + (ks + 1) * 128, a[(ks + 1) & 1]);
         if (KD_MUT_QK_DIMS(KD_D) < KD_D && (dg + KD_KG * ks) * 16 >= KD_MUT_QK_DIMS(KD_D)) continue;
-        kd_u32 a[4];
-        kd::ldsm_x4(a_lane + ks * 128, a);
 #pragma unroll
         for (int nt = 0; nt < KD_NT; ++nt)
-          if (nt * 8 < nrows) kd::mma_bf16(s[nt], a, qf[nt][ks][0], qf[nt][ks][1]);
+          if (nt * 8 < nrows) kd::mma_bf16(s[nt], a[ks & 1], qf[nt][ks][0], qf[nt][ks][1]);
       }
       // S^T fragment (row = KV mg*16 + g (+8), col = query 8nt + 2t (+1)) -> sS[dg][col][row]
 #pragma unroll
@@ -249,16 +304,17 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
 
     // ---- sglang layout: the draft's V comes from v, not from k's first 512 dims -----------------
     // (the QK reads of this tile are done; PV reads it after the barrier below)
-    if (!p.unified && start + KD_BN > pool_len) {
-      unsigned char* tile_p = smem + stage * KD_STAGE_BYTES;
-      for (int e = tid; e < KD_BN * (KD_DL / 8); e += KD_THREADS) {
+    if (!p.unified && start + KD_BN > pool_len) {  // block-uniform; at most two steps of a request
+      const kd_u32 tile_s = s_ring + stage * KD_STAGE_BYTES;
+      for (int e = tid; e < KD_BN * (KD_DL / 8); e += KD_THREADS) {  // all copies in flight at once
         const int r = e / (KD_DL / 8), c = e % (KD_DL / 8);
-        const int pos = start + r;
-        if (pos >= pool_len && pos < kv_end)
-          *reinterpret_cast<uint4*>(tile_p + tile_off(r, c)) = *reinterpret_cast<const uint4*>(
-              vg + static_cast<kd_i64>(qs + pos - pool_len) * p.v_stride_tok + c * 8);
+        const int vpos = start + r;
+        if (vpos >= pool_len && vpos < kv_end)
+          kd::cp_async_16(tile_s + tile_off(r, c), vg + static_cast<kd_i64>(qs + vpos - pool_len) * p.v_stride_tok + c * 8, true);
       }
-    }
+      kd::cp_async_commit();
+      kd::cp_async_wait<0>();  // this thread's copies (and the next step's tile) landed; the barrier
+    }                          // below publishes them before PV
 
     // ---- online softmax: column q = warp + 8j, lane = KV row of this step. Each lane keeps its
     // own share of the column's sum (reduced once, at the end), and the column's max moves only
@@ -266,25 +322,14 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     // (fine in fp32 and bf16) and the rescale is 1, so a step costs one vote per column, not two
     // five-level shuffle reductions and a rescale of O.
     {
-      const int pos = start + lane;
-      const bool in_kv = pos < kv_end, in_draft = pos >= prefix;
 #pragma unroll
       for (int j = 0; j < KD_NT; ++j) {
         const int q = warp + 8 * j;
         const float* sc = sS + q * KD_SPITCH + lane;
-        float s = (sc[0] + sc[KD_NQ * KD_SPITCH]) + (sc[2 * KD_NQ * KD_SPITCH] + sc[3 * KD_NQ * KD_SPITCH]);
-        s *= scale;
-        if (cap > 0.f) s = cap * tanhf(s / cap);
-        bool visible = q < nrows && in_kv;  // idle columns see nothing: p = 0
-        if (visible && in_draft) {
-          const int i = (row0 + q) / H, jc = pos - prefix;
-          if (mask)
-            visible = mask[mask_base + static_cast<kd_i64>(KD_MUT_MASK_ROW(i, n)) * mask_pitch + prefix +
-                           KD_MUT_MASK_COL(jc, n)] != 0;
-          else
-            visible = !p.causal || jc <= i;
-        }
-        const float x = visible ? s * KD_LOG2E : -KD_INF;
+        const float s = (sc[0] + sc[KD_NQ * KD_SPITCH]) + (sc[2 * KD_NQ * KD_SPITCH] + sc[3 * KD_NQ * KD_SPITCH]);
+        float x = s * scale_log2;  // the score in log2 units, -inf where not visible
+        if (cap > 0.f) x = cap * tanhf(s * scale / cap) * KD_LOG2E;
+        if (!((vis >> j) & 1u)) x = -KD_INF;
         float alpha = 1.f;
         if (__any_sync(0xffffffffu, x > m_run[j] + KD_MAX_SLACK)) {  // warp-uniform, rare after the start
           const float m_new = fmaxf(m_run[j], kd::warp_max(x));
@@ -347,9 +392,12 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     __syncthreads();  // the next step's prefetch overwrites this tile
   }
 
-  // ---- epilogue: each column's max and sum to shared memory (over the score tile), then write ----
-  float* sM = sS;
-  float* sL = sS + KD_NQ;
+  // ---- epilogue: O^T fragments (unnormalised) and each column's max and sum to shared memory
+  // (the ring and score tile are free now), then whole rows out with 16-byte stores: one row of
+  // the output or of the split's fp32 partial is 128 consecutive float4s
+  float* sO = reinterpret_cast<float*>(smem);  // [KD_NQ][KD_OPITCH]
+  float* sM = reinterpret_cast<float*>(smem + KD_OFF_P);
+  float* sL = sM + KD_NQ;
 #pragma unroll
   for (int j = 0; j < KD_NT; ++j) l_run[j] = kd::warp_sum(l_run[j]);
   if (lane == 0) {
@@ -359,70 +407,89 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
       sL[warp + 8 * j] = l_run[j];
     }
   }
+#pragma unroll
+  for (int nt = 0; nt < KD_NT; ++nt)
+#pragma unroll
+    for (int mt = 0; mt < KD_VMT; ++mt) {
+      float* d0 = sO + (nt * 8 + 2 * t) * KD_OPITCH + warp * KD_VDIMS_WARP + mt * 16 + g;  // bank 8t + 4c + g
+      d0[0] = o[mt][nt][0];
+      d0[KD_OPITCH] = o[mt][nt][1];
+      d0[8] = o[mt][nt][2];
+      d0[KD_OPITCH + 8] = o[mt][nt][3];
+    }
   __syncthreads();
   const bool direct = p.nsplit == 1;
-#pragma unroll
-  for (int nt = 0; nt < KD_NT; ++nt) {
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      const int q = nt * 8 + 2 * t + c;
-      if (q >= nrows) continue;
-      const float l = sL[q];
-      const float inv = l > 0.f ? 1.f / l : 0.f;
-      const int r = row0 + q, i = r / H, h = r % H;
+  for (int e = tid; e < nrows * (KD_DL / 4); e += KD_THREADS) {
+    const int q = e / (KD_DL / 4), d = (e % (KD_DL / 4)) * 4;
+    const float l = sL[q];
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float4 v = *reinterpret_cast<const float4*>(sO + q * KD_OPITCH + d);
+    const int r = row0 + q, i = r / H, h = r % H;
+    if (direct) {
+      bf16* orow = static_cast<bf16*>(p.out) + static_cast<kd_i64>(qs + i) * p.out_stride_tok +
+                   static_cast<kd_i64>(h) * p.out_stride_head;
+      const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x * inv, v.y * inv);
+      const __nv_bfloat162 hi = __floats2bfloat162_rn(v.z * inv, v.w * inv);
+      uint2 packed;
+      packed.x = *reinterpret_cast<const kd_u32*>(&lo);
+      packed.y = *reinterpret_cast<const kd_u32*>(&hi);
+      *reinterpret_cast<uint2*>(orow + d) = packed;
+    } else {
       const kd_i64 grow = static_cast<kd_i64>(qs + i) * H + h;
-      if (direct) {
-        bf16* orow = static_cast<bf16*>(p.out) + static_cast<kd_i64>(qs + i) * p.out_stride_tok +
-                     static_cast<kd_i64>(h) * p.out_stride_head;
-#pragma unroll
-        for (int mt = 0; mt < KD_VMT; ++mt) {
-          const int d = warp * KD_VDIMS_WARP + mt * 16 + g;
-          orow[d] = __float2bfloat16(o[mt][nt][c] * inv);
-          orow[d + 8] = __float2bfloat16(o[mt][nt][2 + c] * inv);
-        }
-      } else {
-        float* orow = p.o_part + (static_cast<kd_i64>(split) * p.total_rows + grow) * KD_DL;
-#pragma unroll
-        for (int mt = 0; mt < KD_VMT; ++mt) {
-          const int d = warp * KD_VDIMS_WARP + mt * 16 + g;
-          orow[d] = o[mt][nt][c] * inv;
-          orow[d + 8] = o[mt][nt][2 + c] * inv;
-        }
-      }
-      if (warp == 0 && g == 0) {
-        const float lse = l > 0.f ? (sM[q] + log2f(l)) * KD_LN2 : -KD_INF;
-        if (direct) {
-          if (p.lse) p.lse[grow] = lse;
-        } else {
-          p.lse_part[static_cast<kd_i64>(split) * p.total_rows + grow] = lse;
-        }
-      }
+      *reinterpret_cast<float4*>(p.o_part + (static_cast<kd_i64>(split) * p.total_rows + grow) * KD_DL + d) =
+          make_float4(v.x * inv, v.y * inv, v.z * inv, v.w * inv);
+    }
+  }
+  if (tid < nrows) {
+    const int q = tid, r = row0 + q;
+    const float l = sL[q];
+    const float lse = l > 0.f ? (sM[q] + log2f(l)) * KD_LN2 : -KD_INF;
+    const kd_i64 grow = static_cast<kd_i64>(qs + r / H) * H + r % H;
+    if (direct) {
+      if (p.lse) p.lse[grow] = lse;
+    } else {
+      p.lse_part[static_cast<kd_i64>(split) * p.total_rows + grow] = lse;
     }
   }
 }
 
 // Merge the splits of one (token, head) row: out = sum_s w_s o_s / sum_s w_s, w_s = exp(lse_s - max).
-// One block of 128 threads per row, 4 output dims per thread.
+// One block of 128 threads per row, 4 output dims per thread. The splits' weights are found once,
+// in parallel, into shared memory; then every thread's loads of the partial rows are independent,
+// so they are in flight together instead of one split's latency after another.
 extern "C" __global__ void __launch_bounds__(128) kd_mla_tc_merge(const KdParams p) {
   static_assert(KD_DL == 128 * 4, "the merge maps 4 output dims to each of 128 threads");
-  const int grow = blockIdx.x;
-  const int d0 = threadIdx.x * 4;
+  __shared__ float s_w[KD_MAX_SPLITS];
+  __shared__ float s_red[2][4];
+  const int grow = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int d0 = tid * 4;
   const int ns = p.nsplit, rows = p.total_rows;
   float m = -KD_INF;
-  for (int sp = 0; sp < ns; ++sp) m = fmaxf(m, p.lse_part[static_cast<kd_i64>(sp) * rows + grow]);
+  for (int sp = tid; sp < ns; sp += 128) m = fmaxf(m, p.lse_part[static_cast<kd_i64>(sp) * rows + grow]);
+  m = kd::warp_max(m);
+  if (lane == 0) s_red[0][warp] = m;
+  __syncthreads();
+  m = fmaxf(fmaxf(s_red[0][0], s_red[0][1]), fmaxf(s_red[0][2], s_red[0][3]));
+  float wpart = 0.f;
+  for (int sp = tid; sp < ns; sp += 128) {
+    const float ls = p.lse_part[static_cast<kd_i64>(sp) * rows + grow];
+    // an empty split (lse -inf) weighs nothing; so does every split of a row that sees nothing
+    const float w = (m == -KD_INF || ls == -KD_INF) ? 0.f : KD_MUT_MERGE_W(exp2f((ls - m) * KD_LOG2E));
+    s_w[sp] = w;
+    wpart += w;
+  }
+  wpart = kd::warp_sum(wpart);
+  if (lane == 0) s_red[1][warp] = wpart;
+  __syncthreads();
+  const float wsum = (s_red[1][0] + s_red[1][1]) + (s_red[1][2] + s_red[1][3]);
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  float wsum = 0.f;
-  if (m != -KD_INF) {
-    for (int sp = 0; sp < ns; ++sp) {
-      const kd_i64 prow = static_cast<kd_i64>(sp) * rows + grow;
-      const float ls = p.lse_part[prow];
-      if (ls == -KD_INF) continue;  // an empty split
-      const float w = KD_MUT_MERGE_W(exp2f((ls - m) * KD_LOG2E));
-      const float4 v = *reinterpret_cast<const float4*>(p.o_part + prow * KD_DL + d0);
-      acc.x = fmaf(w, v.x, acc.x); acc.y = fmaf(w, v.y, acc.y);
-      acc.z = fmaf(w, v.z, acc.z); acc.w = fmaf(w, v.w, acc.w);
-      wsum += w;
-    }
+#pragma unroll 8
+  for (int sp = 0; sp < ns; ++sp) {
+    const float w = s_w[sp];
+    if (w == 0.f) continue;
+    const float4 v = *reinterpret_cast<const float4*>(p.o_part + (static_cast<kd_i64>(sp) * rows + grow) * KD_DL + d0);
+    acc.x = fmaf(w, v.x, acc.x); acc.y = fmaf(w, v.y, acc.y);
+    acc.z = fmaf(w, v.z, acc.z); acc.w = fmaf(w, v.w, acc.w);
   }
   const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
   const int H = p.num_heads, tok = grow / H, h = grow % H;
@@ -435,5 +502,5 @@ extern "C" __global__ void __launch_bounds__(128) kd_mla_tc_merge(const KdParams
   packed.y = *reinterpret_cast<const kd_u32*>(&hi);
   *reinterpret_cast<uint2*>(o) = packed;
   // lse = m + log(sum w) is exact only with the true weights: a mutant's weights show here too
-  if (p.lse && threadIdx.x == 0) p.lse[grow] = wsum > 0.f ? m + log2f(wsum) * KD_LN2 : -KD_INF;
+  if (p.lse && tid == 0) p.lse[grow] = wsum > 0.f ? m + log2f(wsum) * KD_LN2 : -KD_INF;
 }
