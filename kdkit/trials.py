@@ -152,12 +152,15 @@ BIG = {"work": 4e6, "rows": 4096, "kv": 200_000}
 
 
 def run_correct(backend: str, seeds, out_dir="reports/property", log=print, spec_kw: dict | None = None,
-                **opts) -> Summary:
+                max_seconds: float | None = None, **opts) -> Summary:
     """Correct-backend trials over `seeds` (spec_for_seed(seed, **spec_kw)); every failure printed
     with its seed and saved under out_dir. The GPU run: run_correct("cuda", range(1000), spec_kw=BIG)."""
     s = Summary(backend)
     t0 = time.perf_counter()
     for seed in seeds:
+        if max_seconds is not None and time.perf_counter() - t0 > max_seconds:
+            log(f"stopped after {max_seconds:g} s (--max-seconds) before seed {seed}")
+            break
         case = make(spec_for_seed(seed, **(spec_kw or {})))
         t = check(case, backend, **opts)
         s.examples += 1
@@ -252,12 +255,16 @@ def main(argv=None) -> int:
     c.add_argument("--seeds", default="0:500", help="A:B (or N for 0:N)")
     c.add_argument("--out", default="reports/property", help="where failing cases are saved")
     c.add_argument("--big", action="store_true", help=f"larger shapes ({BIG}), for a GPU host")
+    c.add_argument("--max-seconds", type=float, default=None,
+                   help="stop drawing new cases after this long (a GPU host's per-command limit); "
+                        "the summary counts the cases that ran")
     m = sub.add_parser("mutants", help="every mutant on the bundled cases and the probes")
     m.add_argument("--backend", default="torch")
     m.add_argument("--long", action="store_true", help="also the generated probe-32k and probe-128k")
     args = ap.parse_args(argv)
     if args.cmd == "correct":
-        return 1 if run_correct(args.backend, _seeds(args.seeds), args.out, spec_kw=BIG if args.big else None).failures else 0
+        return 1 if run_correct(args.backend, _seeds(args.seeds), args.out, spec_kw=BIG if args.big else None,
+                                max_seconds=args.max_seconds).failures else 0
     from . import bundled, probes
     from .case import load
     cases = {Path(e["path"]).stem: load(bundled.DEFAULT_DIR / e["path"])

@@ -17,6 +17,7 @@ pool), and returns a Case in the `sglang` layout with the real output as ref_out
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -102,6 +103,9 @@ class KernelCall:
         return None
 
 
+WAIT_POLL_S = 0.0005  # the writer thread's poll of a snapshot's copies (a D2H copy takes ~10 us-ms)
+
+
 def _host_copy(t: torch.Tensor | None, cuda: bool):
     if t is None:
         return None
@@ -122,8 +126,12 @@ class Snapshot:
     nbytes: int = 0
 
     def wait(self) -> None:
+        """Until the queued copies have landed. Polls the event rather than synchronizing on it:
+        a server run under torch's sync debug mode then sees no sync from the writer thread, which
+        would otherwise be reported against whatever call the server's thread is in."""
         if self.event is not None:
-            self.event.synchronize()
+            while not self.event.query():
+                time.sleep(WAIT_POLL_S)
 
 
 def _bounds(call: KernelCall, forward_batch, say) -> tuple[int, int | None]:

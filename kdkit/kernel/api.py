@@ -200,5 +200,5 @@ def run(p: Plan, q, k, v, kv_buffer, out=None, lse=None):
     with _torch_stream():
         p._partial(p.grid, (p.threads,), (a,), shared_mem=p.smem)
         if p.nsplit > 1:
-            p._merge((p.num_tokens * p.num_heads,), (spec.MERGE_THREADS,), (a,))
+            p._merge((p.num_tokens * p.num_heads,), (spec.MERGE_THREADS, min(spec.MERGE_GROUPS, p.nsplit)), (a,))
     return out, lse

@@ -160,7 +160,8 @@ def main(spec: dict) -> dict:
             with count_syncs() as plain_syncs:
                 ref = plain(st.backend, q, k, v, st.layers[lid], st.batch)
             calls.append({"step": i, "layer": lid, "equal": bool(torch.equal(out, ref.clone())),
-                          "syncs": [len(hooked_syncs), len(plain_syncs)]})
+                          "syncs": [len(hooked_syncs), len(plain_syncs)],
+                          "sync_what": hooked_syncs[:3]})
     from kdkit.capture import plugin
     if plugin._HOOK is not None:
         plugin._HOOK.close()

@@ -32,6 +32,9 @@ using bf16 = __nv_bfloat16;
 #ifndef KD_DR
 #error "KD_DR (rope dims) comes from kdkit/kernel/spec.py"
 #endif
+#ifndef KD_MERGE_GROUPS
+#error "KD_MERGE_GROUPS (the merge kernel's most thread groups per row) comes from kdkit/kernel/spec.py"
+#endif
 #ifndef KD_MAX_SPLITS
 #error "KD_MAX_SPLITS (the most KV splits a plan may ask for) comes from kdkit/kernel/spec.py"
 #endif
@@ -454,47 +457,59 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
 }
 
 // Merge the splits of one (token, head) row: out = sum_s w_s o_s / sum_s w_s, w_s = exp(lse_s - max).
-// One block of 128 threads per row, 4 output dims per thread. The splits' weights are found once,
-// in parallel, into shared memory; then every thread's loads of the partial rows are independent,
-// so they are in flight together instead of one split's latency after another.
-extern "C" __global__ void __launch_bounds__(128) kd_mla_tc_merge(const KdParams p) {
+// One block per row: blockDim.y = G groups (G <= KD_MERGE_GROUPS, chosen by the plan as
+// min(groups, nsplit)) of 128 threads, 4 output dims per thread. The block finds the max and the
+// weights once (each thread reads at most two splits' LSE); group y then sums splits y, y + G, ...
+// of its 4 dims, so G times more partial rows are in flight than with one group; the groups'
+// sums meet in shared memory.
+extern "C" __global__ void __launch_bounds__(128 * KD_MERGE_GROUPS) kd_mla_tc_merge(const KdParams p) {
   static_assert(KD_DL == 128 * 4, "the merge maps 4 output dims to each of 128 threads");
+  static_assert(KD_MAX_SPLITS <= 2 * 128, "each merge thread holds at most two splits' LSE");
   __shared__ float s_w[KD_MAX_SPLITS];
-  __shared__ float s_red[2][4];
-  const int grow = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int d0 = tid * 4;
+  __shared__ float s_red[2][4 * KD_MERGE_GROUPS];
+  __shared__ float4 s_acc[KD_MERGE_GROUPS][128];
+  const int grow = blockIdx.x, tx = threadIdx.x, gy = threadIdx.y, G = blockDim.y;
+  const int tid = gy * 128 + tx, nthreads = 128 * G, lane = tid & 31, warp = tid >> 5, nwarps = 4 * G;
   const int ns = p.nsplit, rows = p.total_rows;
-  float m = -KD_INF;
-  for (int sp = tid; sp < ns; sp += 128) m = fmaxf(m, p.lse_part[static_cast<kd_i64>(sp) * rows + grow]);
-  m = kd::warp_max(m);
+  const float ls0 = tid < ns ? p.lse_part[static_cast<kd_i64>(tid) * rows + grow] : -KD_INF;
+  const float ls1 = tid + nthreads < ns ? p.lse_part[static_cast<kd_i64>(tid + nthreads) * rows + grow] : -KD_INF;
+  float m = kd::warp_max(fmaxf(ls0, ls1));
   if (lane == 0) s_red[0][warp] = m;
   __syncthreads();
-  m = fmaxf(fmaxf(s_red[0][0], s_red[0][1]), fmaxf(s_red[0][2], s_red[0][3]));
-  float wpart = 0.f;
-  for (int sp = tid; sp < ns; sp += 128) {
-    const float ls = p.lse_part[static_cast<kd_i64>(sp) * rows + grow];
-    // an empty split (lse -inf) weighs nothing; so does every split of a row that sees nothing
-    const float w = (m == -KD_INF || ls == -KD_INF) ? 0.f : KD_MUT_MERGE_W(exp2f((ls - m) * KD_LOG2E));
-    s_w[sp] = w;
-    wpart += w;
-  }
-  wpart = kd::warp_sum(wpart);
+  m = -KD_INF;
+  for (int w = 0; w < nwarps; ++w) m = fmaxf(m, s_red[0][w]);
+  // an empty split (lse -inf) weighs nothing, and so does every split of a row that sees nothing;
+  // their partial rows are written as zeros, so reading them below is harmless
+  const float w0 = (m == -KD_INF || ls0 == -KD_INF) ? 0.f : KD_MUT_MERGE_W(exp2f((ls0 - m) * KD_LOG2E));
+  const float w1 = (m == -KD_INF || ls1 == -KD_INF) ? 0.f : KD_MUT_MERGE_W(exp2f((ls1 - m) * KD_LOG2E));
+  if (tid < ns) s_w[tid] = w0;
+  if (tid + nthreads < ns) s_w[tid + nthreads] = w1;
+  const float wpart = kd::warp_sum(w0 + w1);
   if (lane == 0) s_red[1][warp] = wpart;
   __syncthreads();
-  const float wsum = (s_red[1][0] + s_red[1][1]) + (s_red[1][2] + s_red[1][3]);
+  float wsum = 0.f;
+  for (int w = 0; w < nwarps; ++w) wsum += s_red[1][w];
+  const float* part = p.o_part + static_cast<kd_i64>(grow) * KD_DL + tx * 4;
+  const kd_i64 split_pitch = static_cast<kd_i64>(rows) * KD_DL;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 8
-  for (int sp = 0; sp < ns; ++sp) {
+#pragma unroll 4
+  for (int sp = gy; sp < ns; sp += G) {
     const float w = s_w[sp];
-    if (w == 0.f) continue;
-    const float4 v = *reinterpret_cast<const float4*>(p.o_part + (static_cast<kd_i64>(sp) * rows + grow) * KD_DL + d0);
+    const float4 v = *reinterpret_cast<const float4*>(part + sp * split_pitch);
     acc.x = fmaf(w, v.x, acc.x); acc.y = fmaf(w, v.y, acc.y);
     acc.z = fmaf(w, v.z, acc.z); acc.w = fmaf(w, v.w, acc.w);
+  }
+  s_acc[gy][tx] = acc;
+  __syncthreads();
+  if (gy != 0) return;
+  for (int y = 1; y < G; ++y) {
+    const float4 a = s_acc[y][tx];
+    acc.x += a.x; acc.y += a.y; acc.z += a.z; acc.w += a.w;
   }
   const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
   const int H = p.num_heads, tok = grow / H, h = grow % H;
   bf16* o = static_cast<bf16*>(p.out) + static_cast<kd_i64>(tok) * p.out_stride_tok +
-            static_cast<kd_i64>(h) * p.out_stride_head + d0;
+            static_cast<kd_i64>(h) * p.out_stride_head + tx * 4;
   const __nv_bfloat162 lo = __floats2bfloat162_rn(acc.x * inv, acc.y * inv);
   const __nv_bfloat162 hi = __floats2bfloat162_rn(acc.z * inv, acc.w * inv);
   uint2 packed;
@@ -502,5 +517,5 @@ extern "C" __global__ void __launch_bounds__(128) kd_mla_tc_merge(const KdParams
   packed.y = *reinterpret_cast<const kd_u32*>(&hi);
   *reinterpret_cast<uint2*>(o) = packed;
   // lse = m + log(sum w) is exact only with the true weights: a mutant's weights show here too
-  if (p.lse && tid == 0) p.lse[grow] = wsum > 0.f ? m + log2f(wsum) * KD_LN2 : -KD_INF;
+  if (p.lse && tx == 0) p.lse[grow] = wsum > 0.f ? m + log2f(wsum) * KD_LN2 : -KD_INF;
 }
