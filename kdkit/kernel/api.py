@@ -72,10 +72,12 @@ class Plan:
     _merge: object = None
     _args: np.ndarray | None = None
     _keep: list = field(default_factory=list)  # workspace the argument points into
+    merge_groups: int = 1          # the merge kernel's blockDim.y (schedule.merge_groups)
 
     @property
     def info(self) -> dict:
         return {"nsplit": self.nsplit, "rows_per_cta": self.rows_per_cta, "grid": self.grid,
+                "merge_groups": self.merge_groups,
                 "module": self.key, "smem": self.smem, "mutant": self.config.mutant}
 
 
@@ -162,7 +164,7 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
     grid = (blocks, ns, sizes["bs"])
     return Plan(m, cfg, dev, T, H, ns, rpc, grid, meta["smem_bytes"], meta["threads"],
                 sizes["pool_rows_needed"], mod.key, out, lse, partial, merge, args,
-                [o_part, lse_part, m])
+                [o_part, lse_part, m], schedule.merge_groups(total_rows, ns, sm_count))
 
 
 _STREAMS: dict = {}
@@ -200,5 +202,5 @@ def run(p: Plan, q, k, v, kv_buffer, out=None, lse=None):
     with _torch_stream():
         p._partial(p.grid, (p.threads,), (a,), shared_mem=p.smem)
         if p.nsplit > 1:
-            p._merge((p.num_tokens * p.num_heads,), (spec.MERGE_THREADS, min(spec.MERGE_GROUPS, p.nsplit)), (a,))
+            p._merge((p.num_tokens * p.num_heads,), (spec.MERGE_THREADS, p.merge_groups), (a,))
     return out, lse

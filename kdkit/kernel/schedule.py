@@ -2,7 +2,7 @@
 and the SM count alone (no timing at plan time, so graph replay makes the same choice)."""
 from __future__ import annotations
 
-from .spec import MAX_SPLITS, NT_CHOICES
+from .spec import MAX_SPLITS, MERGE_GROUPS, MERGE_THREADS, NT_CHOICES
 
 BLOCK_N = 32            # KV rows per pipeline step (kd_meta_block_n; checked against the build)
 WORKSPACE_LIMIT = 512 << 20  # fp32 partials beyond this are not worth the merge: fewer splits
@@ -45,3 +45,14 @@ def choose_nsplit(bs: int, blocks_per_request: int, max_kv_len: int, sm_count: i
         if best_cost is None or cost < best_cost:
             best, best_cost = ns, cost
     return best
+
+
+THREADS_PER_SM = 2048  # resident threads per SM on sm_80..sm_120
+
+
+def merge_groups(total_rows: int, nsplit: int, sm_count: int) -> int:
+    """Thread groups per row of the merge kernel: as many as keep one wave of the GPU's threads
+    busy (few rows: each row's splits are read by up to MERGE_GROUPS groups at once), one when the
+    rows alone fill the GPU (more groups would only add waves), never more than the splits."""
+    fill = sm_count * THREADS_PER_SM // max(1, total_rows * MERGE_THREADS)
+    return max(1, min(MERGE_GROUPS, nsplit, fill))

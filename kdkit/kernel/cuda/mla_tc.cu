@@ -457,8 +457,8 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
 }
 
 // Merge the splits of one (token, head) row: out = sum_s w_s o_s / sum_s w_s, w_s = exp(lse_s - max).
-// One block per row: blockDim.y = G groups (G <= KD_MERGE_GROUPS, chosen by the plan as
-// min(groups, nsplit)) of 128 threads, 4 output dims per thread. The block finds the max and the
+// One block per row: blockDim.y = G groups (G <= KD_MERGE_GROUPS, G <= nsplit, chosen by the
+// plan: kdkit/kernel/schedule.py merge_groups) of 128 threads, 4 output dims per thread. The block finds the max and the
 // weights once (each thread reads at most two splits' LSE); group y then sums splits y, y + G, ...
 // of its 4 dims, so G times more partial rows are in flight than with one group; the groups'
 // sums meet in shared memory.
