@@ -31,7 +31,9 @@ def test_gpu_capture_replays_bitwise_on_the_same_device(tmp_path):
     # the snapshot adds no host sync: only device work and copies into pinned memory (torch's sync
     # debug mode counts the syncs of the hooked call and of the unhooked one)
     for c in res["calls"]:
-        assert c["syncs"][0] == c["syncs"][1], (c["step"], c["layer"], c["syncs"], c.get("sync_what"))
+        # (the unhooked call runs first and may pay the first Triton launch's own syncs: the hooked
+        # call may have fewer, never more)
+        assert c["syncs"][0] <= c["syncs"][1], (c["step"], c["layer"], c["syncs"], c.get("sync_what"))
     files = sorted(tmp_path.iterdir())
     assert [f.name for f in files] == ["model-L0-r0-s0.pt", "model-L0-r0-s1.pt", "model-L1-r0-s0.pt",
                                        "model-L1-r0-s1.pt"]
