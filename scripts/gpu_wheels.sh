@@ -4,7 +4,10 @@
 #
 #   scripts/gpu_wheels.sh [OUT_DIR] [PYVER]        # OUT_DIR defaults to .whl-sglang, PYVER to 3.12
 #
-# On the GPU host, from the repository root (carry OUT_DIR with the repository):
+# It also writes OUT_DIR.tar.xz (GPU_WHEELS_ARCHIVE=0 skips it): carry that with the repository
+# (OUT_DIR itself does not fit beside the repository in the 64 MiB carried). On the GPU host, from
+# the repository root:
+#   tar xJf .whl-sglang.tar.xz
 #   python3 -m pip install -q --no-deps --no-index --find-links .whl-sglang -r .whl-sglang/requirements.txt
 #   python3 -m pip install -q --no-deps --no-build-isolation -e .     # kdkit's sglang.srt.plugins entry point
 #   KDKIT_SGLANG_ENV=1 python3 -m pytest tests/sglang_env -m gpu -q
@@ -79,3 +82,25 @@ PY
 rm -rf "$tmp"
 printf '%s\n' $pkgs "sglang==$sglang" > "$out/requirements.txt"
 du -sh "$out" | sed 's/^/gpu wheels: /'
+# The directory (~40 MiB) and the repository (~25 MiB) together exceed the 64 MiB that travels to
+# the GPU host; the same wheels stored uncompressed and xz'ed as one archive are ~27 MB. Carry
+# "$out.tar.xz" instead and unpack it there first: tar xJf .whl-sglang.tar.xz
+if [ "${GPU_WHEELS_ARCHIVE:-1}" != 0 ]; then
+  stage=$(mktemp -d)
+  mkdir -p "$stage/$(basename "$out")"
+  python3 - "$out" "$stage/$(basename "$out")" <<'PY'
+"""Copy a wheel directory with every wheel re-zipped stored (xz then compresses the contents)."""
+import glob, os, shutil, sys, zipfile
+for w in glob.glob(os.path.join(sys.argv[1], "*")):
+    dst = os.path.join(sys.argv[2], os.path.basename(w))
+    if not w.endswith(".whl"):
+        shutil.copy(w, dst)
+        continue
+    with zipfile.ZipFile(w) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as zout:
+        for info in zin.infolist():
+            zout.writestr(info, zin.read(info.filename), compress_type=zipfile.ZIP_STORED)
+PY
+  tar -C "$stage" -cf - "$(basename "$out")" | xz -T0 -8 > "$out.tar.xz.part" && mv "$out.tar.xz.part" "$out.tar.xz"
+  rm -rf "$stage"
+  du -sh "$out.tar.xz" | sed 's/^/gpu wheels archive: /'
+fi
