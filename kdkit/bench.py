@@ -115,22 +115,25 @@ def copy_gbps(timer: Timer, device) -> float:
 
 
 def mma_tflops(timer: Timer, device) -> float:
-    """kdkit's mma.sync microbenchmark: one block of 8 warps per SM, 8 independent chains each."""
+    """kdkit's mma.sync microbenchmark (kernel/cuda/mma_peak.cu): one block per SM, independent
+    accumulator chains in every warp; threads and FLOPs per warp-iteration read from the build."""
     import cupy
 
     from .kernel import jit
     mod = jit.build("mma_peak.cu", {}, jit.device_arch(), tags={})
     fn = jit.load(mod).get_function("kd_mma_peak")
+    meta = mod.meta()
+    threads = meta["threads"]
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    out = torch.empty(sms * 256, dtype=torch.float32, device=device)
+    out = torch.empty(sms * threads, dtype=torch.float32, device=device)
     iters = 20000
     from .kernel.api import _torch_stream
 
     def launch():
         with _torch_stream():
-            fn((sms,), (256,), (cupy.from_dlpack(out), cupy.int32(iters)))
+            fn((sms,), (threads,), (cupy.from_dlpack(out), cupy.int32(iters)))
     us = timer.us(launch, reps=10)
-    return sms * 8 * iters * mod.meta()["flops_per_iter_warp"] / us / 1e6
+    return sms * (threads // 32) * iters * meta["flops_per_iter_warp"] / us / 1e6
 
 
 # ---- the backends, each a launch-only closure over device tensors ------------------------------

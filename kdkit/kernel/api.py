@@ -193,10 +193,14 @@ def run(p: Plan, q, k, v, kv_buffer, out=None, lse=None):
     out = p.out if out is None else out
     lse = p.lse if lse is None else lse
     a = p._args.copy()
-    # params.PER_LAYER: the struct's first 13 slots, 8 bytes each
-    a.view(np.int64)[:13] = (q.data_ptr(), k.data_ptr(), v.data_ptr(), kv_buffer.data_ptr(), out.data_ptr(),
-                             lse.data_ptr(), q.stride(0), q.stride(1), k.stride(0), v.stride(0),
-                             kv_buffer.stride(0), out.stride(0), out.stride(1))
+    layer = {"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "kv_buf": kv_buffer.data_ptr(),
+             "out": out.data_ptr(), "lse": lse.data_ptr(), "q_stride_tok": q.stride(0),
+             "q_stride_head": q.stride(1), "k_stride_tok": k.stride(0), "v_stride_tok": v.stride(0),
+             "kv_stride_row": kv_buffer.stride(0), "out_stride_tok": out.stride(0),
+             "out_stride_head": out.stride(1)}
+    # params.PER_LAYER are the struct's first slots, 8 bytes each: one assignment, in the struct's
+    # own order (a field renamed or moved there is a KeyError here, never a swapped pointer)
+    a.view(np.int64)[:len(params.PER_LAYER)] = tuple(layer[name] for name in params.PER_LAYER)
     if p.num_tokens == 0:
         return out, lse
     with _torch_stream():

@@ -49,6 +49,8 @@ FIELDS: tuple[tuple[str, str, str], ...] = (
 PER_LAYER = ("q", "k", "v", "kv_buf", "out", "lse", "q_stride_tok", "q_stride_head", "k_stride_tok",
              "v_stride_tok", "kv_stride_row", "out_stride_tok", "out_stride_head")
 assert tuple(f[0] for f in FIELDS[:len(PER_LAYER)]) == PER_LAYER
+assert all(c.endswith("*") or c == "long long" for _, c, _ in FIELDS[:len(PER_LAYER)]), \
+    "run() writes PER_LAYER as 8-byte slots"
 _NP = {"long long": np.int64, "int": np.int32, "float": np.float32}
 
 

@@ -18,7 +18,7 @@ from . import jit, mutants, params
 SOURCE = "mla_tc.cu"
 PARTIAL, MERGE = "kd_mla_tc_partial", "kd_mla_tc_merge"
 KERNELS = (PARTIAL, MERGE)
-MERGE_THREADS = 128           # threads of one merge group: 4 output dims each (static_assert'ed in the .cu)
+MERGE_THREADS = 128           # threads of one merge group, 4 output dims each (a define; the .cu asserts 4 x it = DL)
 MERGE_GROUPS = 8              # a merge block has up to this many groups, each summing every G-th split
 ARCHS = ("sm_120", "sm_90", "sm_89", "sm_100", "sm_80")
 MIN_ARCH = 80                 # mma.sync bf16 m16n8k16, ldmatrix and cp.async all need sm_80
@@ -51,7 +51,8 @@ class KernelConfig:
 
     def defines(self) -> dict:
         d = {"KD_DL": DL, "KD_DR": DR, "KD_NT": self.nt, "KD_MAX_SPLITS": MAX_SPLITS,
-             "KD_MERGE_GROUPS": MERGE_GROUPS,
+             "KD_MERGE_GROUPS": MERGE_GROUPS, "KD_MERGE_THREADS": MERGE_THREADS,
+             "KD_SMEM_LIMIT": jit.SM120_SMEM_LIMIT,
              "KD_QO_T": _CTYPES[self.qo_t], "KD_KVP_T": _CTYPES[self.kvp_t],
              "KD_KVI_T": _CTYPES[self.kvi_t], "KD_MIP_T": _CTYPES[self.mip_t],
              "KD_PFX_T": _CTYPES[self.pfx_t]}

@@ -42,19 +42,25 @@ using bf16 = __nv_bfloat16;
 #error "KD_NT (query n-tiles of 8 rows per block) comes from kdkit/kernel/spec.py"
 #endif
 #ifndef KD_QO_T
-#define KD_QO_T kd_i32
+#error "KD_QO_T (the C type of qo_indptr) comes from kdkit/kernel/spec.py"
 #endif
 #ifndef KD_KVP_T
-#define KD_KVP_T kd_i32
+#error "KD_KVP_T (the C type of kv_indptr) comes from kdkit/kernel/spec.py"
 #endif
 #ifndef KD_KVI_T
-#define KD_KVI_T kd_i32
+#error "KD_KVI_T (the C type of kv_indices) comes from kdkit/kernel/spec.py"
 #endif
 #ifndef KD_MIP_T
-#define KD_MIP_T kd_i64
+#error "KD_MIP_T (the C type of mask_indptr) comes from kdkit/kernel/spec.py"
 #endif
 #ifndef KD_PFX_T
-#define KD_PFX_T kd_i64
+#error "KD_PFX_T (the C type of prefix_lens) comes from kdkit/kernel/spec.py"
+#endif
+#ifndef KD_SMEM_LIMIT
+#error "KD_SMEM_LIMIT (sm_120's shared memory per block) comes from kdkit/kernel/spec.py"
+#endif
+#ifndef KD_MERGE_THREADS
+#error "KD_MERGE_THREADS (threads of one merge group) comes from kdkit/kernel/spec.py"
 #endif
 
 #define KD_D (KD_DL + KD_DR)            // score dims (576)
@@ -81,7 +87,7 @@ using bf16 = __nv_bfloat16;
 #define KD_SMEM_BYTES (KD_OFF_ALPHA + KD_NQ * 4)
 #define KD_OPITCH (KD_DL + 4)           // epilogue's O tile pitch (fp32): fragment stores conflict-free
 
-static_assert(KD_SMEM_BYTES <= 99 * 1024, "shared memory per block exceeds sm_120's 99 KB");
+static_assert(KD_SMEM_BYTES <= KD_SMEM_LIMIT, "shared memory per block exceeds sm_120's 99 KB");
 static_assert(KD_WARPS == 2 * KD_KG && KD_BN == 32, "QK: 2 KV m-tiles x 4 dim groups = 8 warps; softmax: lane = KV row");
 static_assert(KD_KG == 4, "dim group dg's k-steps dg + 4 ks keep the swizzled chunk of a lane constant");
 static_assert(KD_MUT_V_DIM0 % 64 == 0, "V's first dim keeps the 8-chunk swizzle groups aligned");
@@ -458,18 +464,19 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
 
 // Merge the splits of one (token, head) row: out = sum_s w_s o_s / sum_s w_s, w_s = exp(lse_s - max).
 // One block per row: blockDim.y = G groups (G <= KD_MERGE_GROUPS, G <= nsplit, chosen by the
-// plan: kdkit/kernel/schedule.py merge_groups) of 128 threads, 4 output dims per thread. The block finds the max and the
+// plan: kdkit/kernel/schedule.py merge_groups) of KD_MERGE_THREADS threads, 4 output dims per thread. The block finds the max and the
 // weights once (each thread reads at most two splits' LSE); group y then sums splits y, y + G, ...
 // of its 4 dims, so G times more partial rows are in flight than with one group; the groups'
 // sums meet in shared memory.
-extern "C" __global__ void __launch_bounds__(128 * KD_MERGE_GROUPS) kd_mla_tc_merge(const KdParams p) {
-  static_assert(KD_DL == 128 * 4, "the merge maps 4 output dims to each of 128 threads");
-  static_assert(KD_MAX_SPLITS <= 2 * 128, "each merge thread holds at most two splits' LSE");
+extern "C" __global__ void __launch_bounds__(KD_MERGE_THREADS * KD_MERGE_GROUPS) kd_mla_tc_merge(const KdParams p) {
+  static_assert(KD_DL == KD_MERGE_THREADS * 4, "the merge maps 4 output dims to each thread of a group");
+  static_assert(KD_MAX_SPLITS <= 2 * KD_MERGE_THREADS, "each merge thread holds at most two splits' LSE");
   __shared__ float s_w[KD_MAX_SPLITS];
-  __shared__ float s_red[2][4 * KD_MERGE_GROUPS];
-  __shared__ float4 s_acc[KD_MERGE_GROUPS][128];
+  __shared__ float s_red[2][KD_MERGE_THREADS / 32 * KD_MERGE_GROUPS];
+  __shared__ float4 s_acc[KD_MERGE_GROUPS][KD_MERGE_THREADS];
   const int grow = blockIdx.x, tx = threadIdx.x, gy = threadIdx.y, G = blockDim.y;
-  const int tid = gy * 128 + tx, nthreads = 128 * G, lane = tid & 31, warp = tid >> 5, nwarps = 4 * G;
+  const int tid = gy * KD_MERGE_THREADS + tx, nthreads = KD_MERGE_THREADS * G, lane = tid & 31, warp = tid >> 5;
+  const int nwarps = KD_MERGE_THREADS / 32 * G;
   const int ns = p.nsplit, rows = p.total_rows;
   const float ls0 = tid < ns ? p.lse_part[static_cast<kd_i64>(tid) * rows + grow] : -KD_INF;
   const float ls1 = tid + nthreads < ns ? p.lse_part[static_cast<kd_i64>(tid + nthreads) * rows + grow] : -KD_INF;

@@ -4,9 +4,12 @@
 #include "kd_common.cuh"
 
 #define KD_CHAINS 8
+#define KD_PEAK_THREADS 256
+// what the host reads back (kdkit/bench.py): one source for the launch and the FLOP count
 extern "C" __device__ int kd_meta_flops_per_iter_warp = KD_CHAINS * 2 * 16 * 8 * 16;
+extern "C" __device__ int kd_meta_threads = KD_PEAK_THREADS;
 
-extern "C" __global__ void __launch_bounds__(256) kd_mma_peak(float* out, int iters) {
+extern "C" __global__ void __launch_bounds__(KD_PEAK_THREADS) kd_mma_peak(float* out, int iters) {
   const kd_u32 seed = threadIdx.x * 2654435761u;
   // small bf16 values (exponent bits kept low): the sums stay finite
   const kd_u32 a[4] = {seed & 0x3c003c00u, (seed >> 3) & 0x3c003c00u, (seed >> 7) & 0x3c003c00u,
