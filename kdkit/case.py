@@ -12,6 +12,7 @@ tree shape, the seed's marshaling bugs) belong to `kdkit.lint`, which explains i
 from __future__ import annotations
 
 import datetime as _dt
+import io
 import math
 import os
 import pickle
@@ -23,7 +24,7 @@ import torch
 
 from .constants import (FLOAT_DTYPES, INDEX_DTYPES, KV_LORA_RANK, LAYOUTS, MASK_DTYPES,
                         QK_DIM, QK_ROPE_HEAD_DIM, V_HEAD_DIM)
-from .files import publish
+from .files import publish, refuse_if_exists
 
 FORMAT = "kdkit-case"
 SCHEMA_VERSION = 1
@@ -158,14 +159,26 @@ class Case:
             "tensors": tensors,
         }
 
-    def save(self, path: str | os.PathLike, overwrite: bool = False) -> Path:
-        """Write atomically (kdkit.files.publish: temp file, fsync, then the final name); never
-        replace an existing file unless overwrite=True."""
-        path = Path(path)
+    def to_bytes(self, path: str | os.PathLike = "<case>") -> bytes:
+        """The case file's bytes (torch.save of the record), checked exactly as load() will check
+        them (`path` names the file in the error)."""
         record = self.to_record()
-        from_record(record, path)  # exactly the checks load() will apply to what is written
-        # publish refuses an existing name before torch.save runs, and again when it publishes
-        return publish(path, lambda fh: torch.save(record, fh), overwrite=overwrite)
+        from_record(record, Path(path))
+        buf = io.BytesIO()
+        torch.save(record, buf)
+        return buf.getvalue()
+
+    def save(self, path: str | os.PathLike, overwrite: bool = False, data: bytes | None = None) -> Path:
+        """Write atomically (kdkit.files.publish: temp file, fsync, then the final name); never
+        replace an existing file unless overwrite=True. `data`: this case's to_bytes(), if the
+        caller already has them (the capture writer sizes them against its budget first)."""
+        path = Path(path)
+        if not overwrite:
+            refuse_if_exists(path)  # before the work of serialising
+        # serialised in memory, written by publish's own file write: a disk error is an OSError
+        # with its errno (ENOSPC, EFBIG, ...), which torch's zip writer would turn into a
+        # RuntimeError without one
+        return publish(path, self.to_bytes(path) if data is None else data, overwrite=overwrite)
 
 
 def _plain(v):

@@ -31,6 +31,12 @@ def _exists_error(path: Path) -> FileExistsError:
                            "or --force on the command line, to replace it)", str(path))
 
 
+def refuse_if_exists(path: str | os.PathLike) -> None:
+    """The FileExistsError publish() would raise, before the caller does the work of the data."""
+    if os.path.lexists(path):
+        raise _exists_error(Path(path))
+
+
 def _write_temp(folder: Path, name: str, data: Data, mode: int) -> Path:
     """A fully written, fsynced temporary file beside the final name."""
     while True:
@@ -105,7 +111,7 @@ def publish(path: str | os.PathLike, data: Data, *, overwrite: bool = False, exi
     if not overwrite and os.path.lexists(path):
         if exist_ok:
             return path
-        raise _exists_error(path)
+        refuse_if_exists(path)
     if parents:
         path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _write_temp(path.parent, path.name, data, mode)
@@ -124,4 +130,4 @@ def publish(path: str | os.PathLike, data: Data, *, overwrite: bool = False, exi
     return path
 
 
-__all__ = ["publish"]
+__all__ = ["publish", "refuse_if_exists"]

@@ -3,6 +3,9 @@ and the `kdkit capture` command. (The plugin on SGLang's real forward_extend: te
 its contract with SGLang's source: test_capture_contract.py.)"""
 from __future__ import annotations
 
+import errno
+import io
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +40,10 @@ def test_layers(text, want):
     ({"KDKIT_MAX_BYTES": "5 parsecs"}, "KDKIT_MAX_BYTES"), ({"KDKIT_REL_THRESHOLD": "nan"}, "KDKIT_REL_THRESHOLD"),
     ({"KDKIT_REL_THRESHOLD": "-1"}, "KDKIT_REL_THRESHOLD"), ({"KDKIT_KERNEL": "triton"}, "KDKIT_KERNEL"),
     ({"KDKIT_MODE": "replace", "KDKIT_KERNEL": "torch"}, "KDKIT_KERNEL"), ({"KDKIT_MODEL": "a b"}, "KDKIT_MODEL"),
+    ({"KDKIT_MIN_FREE": "lots"}, "KDKIT_MIN_FREE"),
+    ({"KDKIT_LAYERS": "0-100000000"}, "KDKIT_LAYERS"), ({"KDKIT_LAYERS": "100001"}, "KDKIT_LAYERS"),
+    ({"KDKIT_LAYER": "56"}, "KDKIT_LAYER"), ({"KDKIT_MAXBYTES": "1G"}, "KDKIT_MAXBYTES"),
+    ({"kdkit_layers": "56"}, "kdkit_layers"),
 ])
 def test_a_bad_value_is_one_line_naming_the_variable(env, var):
     with pytest.raises(settings.SettingsError) as e:
@@ -47,14 +54,41 @@ def test_a_bad_value_is_one_line_naming_the_variable(env, var):
 def test_defaults_and_values():
     s = settings.from_env({})
     assert not s.active and s.forward_modes == ("target_verify",) and s.every == 1
-    assert s.max_cases is None and s.max_bytes is None and s.rel_threshold == settings.DEFAULT_REL_THRESHOLD
+    assert s.max_cases is None and s.rel_threshold == settings.DEFAULT_REL_THRESHOLD
+    # a server left with the defaults stops at 20 GiB of cases or 2 GiB free, not at a full disk
+    assert s.max_bytes == settings.DEFAULT_MAX_BYTES == 20 << 30 and s.min_free == 2 << 30
     s = settings.from_env({"KDKIT_MODE": "Validate", "KDKIT_MAX_BYTES": "2GiB", "KDKIT_MAX_CASES": "10",
                            "KDKIT_FORWARD_MODES": "target_verify, extend", "KDKIT_EVERY": "4",
-                           "KDKIT_DIR": "~/cases", "KDKIT_KERNEL": "torch"})
+                           "KDKIT_DIR": "~/cases", "KDKIT_KERNEL": "torch", "KDKIT_MIN_FREE": "0"})
     assert s.mode == "validate" and s.max_bytes == 2 << 30 and s.max_cases == 10 and s.every == 4
     assert s.forward_modes == ("target_verify", "extend") and s.dir == Path("~/cases").expanduser()
+    assert s.min_free == 0 and settings.from_env({"KDKIT_MAX_BYTES": "none"}).max_bytes is None
     assert settings.parse_bytes("X", "500M") == 500_000_000
     assert [ln.split("=")[0] for ln in s.describe()] == list(settings.VARS)
+    assert 100000 in settings.parse_layers("0-100000:50000")  # the bound itself is a layer id
+
+
+def test_a_misspelled_setting_is_refused_with_the_right_name():
+    with pytest.raises(settings.SettingsError) as e:
+        settings.from_env({"KDKIT_MODE": "capture", "KDKIT_LAYER": "56"})
+    assert str(e.value) == ("KDKIT_LAYER='56': not a kdkit setting: did you mean KDKIT_LAYERS? "
+                            "(`kdkit capture env` lists the settings)")
+
+
+def test_the_projects_other_kdkit_names_are_not_taken_for_typos():
+    """Every KDKIT_* name the repository reads elsewhere (tests, tools, the Makefile) can be set
+    beside the plugin's settings: a CI job or a test run must not stop a server."""
+    import re
+    names = set()
+    for folder in ("kdkit", "tests", "scripts", "benchmarks", "notebooks", ".ci"):
+        for f in (ROOT / folder).rglob("*"):
+            if f.is_file() and f.suffix in (".py", ".sh", ".ipynb", ".md", ".toml", "") and ".venv" not in f.parts:
+                names |= set(re.findall(r"\bKDKIT_[A-Z0-9_]*[A-Z0-9]", f.read_text(errors="replace")))
+    names |= set(re.findall(r"\bKDKIT_[A-Z0-9_]*[A-Z0-9]", (ROOT / "Makefile").read_text()))
+    names -= {"KDKIT_LAYER", "KDKIT_MAXBYTES"}  # the typos these tests spell on purpose
+    assert {"KDKIT_CACHE", "KDKIT_SGLANG_ENV", "KDKIT_SGLANG_SRC", "KDKIT_SWEEP"} <= names
+    for name in sorted(names):
+        settings.check_names({name: "1"})  # raises SettingsError on a near miss
 
 
 # ---- names, budget, no overwrite ---------------------------------------------------------------
@@ -76,18 +110,84 @@ def test_store_never_overwrites_and_stops_at_the_budget(tmp_path):
     st.prepare()
     keep = tmp_path / "m-L1-r0-s0.pt"
     keep.write_bytes(b"someone's file")
-    a = st.write(_case(), "m", 1, 0, 0, 0)
-    b = st.write(_case(), "m", 1, 0, 0, 0)
+    a = st.write(_case(), "m", 1, 0, 0)
+    b = st.write(_case(), "m", 1, 0, 0)
     assert (a.name, b.name) == ("m-L1-r0-s0-2.pt", "m-L1-r0-s0-3.pt") and keep.read_bytes() == b"someone's file"
-    assert st.write(_case(), "m", 1, 0, 1, 0) is None and st.stopped
+    assert st.write(_case(), "m", 1, 0, 1) is None and st.stopped
     assert said == [f"[kdkit] capturing stopped: KDKIT_MAX_CASES=3 reached (3 case files in {tmp_path})"]
     assert case_mod.load(a).meta["case_id"] == "m-L1-r0-s0-2"
+
+
+def test_store_byte_budget_is_the_files_real_size(tmp_path):
+    c = _case()
+    c.meta["case_id"] = "m-L0-r0-s0"
+    n = len(c.to_bytes())
+    st = store.Store(tmp_path / "tight", max_cases=None, max_bytes=n - 1, say=lambda k, m: None)
+    assert st.write(_case(), "m", 0, 0, 0) is None
+    assert st.stopped == (f"KDKIT_MAX_BYTES={n - 1} reached (0 bytes of case files in {tmp_path / 'tight'}, "
+                          f"the next would add {n})")
+    st = store.Store(tmp_path / "exact", max_cases=None, max_bytes=n, say=lambda k, m: None)
+    path = st.write(_case(), "m", 0, 0, 0)
+    assert path.stat().st_size == n and store.usage(tmp_path / "exact") == (1, n) and not st.stopped
+    assert st.write(_case(), "m", 0, 0, 1) is None and "KDKIT_MAX_BYTES" in st.stopped
+
+
+def test_store_stops_below_the_free_space_floor(tmp_path):
+    import shutil
+    free = shutil.disk_usage(tmp_path).free
+    st = store.Store(tmp_path, None, None, say=lambda k, m: None, min_free=free + (1 << 40))
+    assert st.write(_case(), "m", 0, 0, 0) is None and list(tmp_path.iterdir()) == []
+    assert st.stopped.startswith(f"KDKIT_MIN_FREE={free + (1 << 40)}: ")
+
+
+class _DiskThatFills(io.FileIO):
+    """The file descriptor's writes as on a disk with `room` bytes left: a short write that fills
+    it, then OSError ENOSPC (what write(2) does). Under a BufferedWriter, torch.save's zip writer
+    turns this into a RuntimeError without an errno; kdkit's own write must see the OSError."""
+
+    room = 1000
+
+    def write(self, b):
+        if self.room <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        n = min(len(b), self.room)
+        self.room -= n
+        return super().write(bytes(b)[:n])
+
+
+def test_store_stops_on_a_full_disk_met_in_the_file_write(tmp_path, monkeypatch):
+    """The disk fills while the case file is written (not a patched Case.save): capturing stops
+    with one line naming ENOSPC, no temporary file is left, later cases are not even tried."""
+    from kdkit import files
+    tries = []
+
+    def fdopen(fd, mode="r", *a, **k):
+        assert mode == "wb"
+        tries.append(fd)
+        return io.BufferedWriter(_DiskThatFills(fd, "wb"))
+    monkeypatch.setattr(files.os, "fdopen", fdopen)
+    said = []
+    st = store.Store(tmp_path, None, None, say=lambda k, m: said.append(m))
+    assert st.write(_case(), "m", 0, 0, 0) is None
+    assert said == [f"[kdkit] capturing stopped: cannot write {tmp_path / 'm-L0-r0-s0.pt'}: "
+                    "No space left on device (errno ENOSPC)"]
+    assert list(tmp_path.iterdir()) == [] and len(tries) == 1
+    assert st.write(_case(), "m", 0, 0, 1) is None and len(tries) == 1
+
+
+def test_case_save_writes_exactly_its_bytes(tmp_path):
+    c = _case()
+    path = c.save(tmp_path / "c.pt")
+    assert path.read_bytes() == c.to_bytes() and path.read_bytes()[:2] == b"PK"  # torch.save's zip
+    assert torch.equal(case_mod.load(path).q, c.q)
+    with pytest.raises(FileExistsError, match="c.pt exists"):
+        c.save(tmp_path / "c.pt")
 
 
 def test_store_byte_budget_and_unusable_folder(tmp_path):
     st = store.Store(tmp_path / "b", max_cases=None, max_bytes=1000, say=lambda k, m: None)
     st.prepare()
-    assert st.write(_case(), "m", 0, 0, 0, size_hint=5000) is None and "KDKIT_MAX_BYTES=1000" in st.stopped
+    assert st.write(_case(), "m", 0, 0, 0) is None and "KDKIT_MAX_BYTES=1000" in st.stopped
     (tmp_path / "file").write_text("x")
     st = store.Store(tmp_path / "file" / "sub", None, None, say=lambda k, m: None)
     st.prepare()
@@ -149,23 +249,62 @@ def _kdkit(*args, env=None):
                           text=True, cwd=ROOT, env=env)
 
 
+def _clean_env(**kw) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KDKIT_")}
+    env.update({k: str(v) for k, v in kw.items()})
+    return env
+
+
+def _launch_line(stdout: str) -> str:
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("SGLANG_PLUGINS=kdkit ")]
+    assert len(lines) == 1, stdout
+    return lines[0]
+
+
 def test_capture_env_and_launch_flags(monkeypatch):
     assert launch_lines("capture", "0.5.11")[-1].endswith("--attention-backend triton --disable-cuda-graph")
     assert launch_lines("validate", "0.5.23")[-1].endswith("--attention-backend triton --disable-decode-cuda-graph")
     assert launch_lines("replace", "0.5.23")[-1].endswith("--attention-backend triton")
     assert any("sitecustomize" in ln for ln in launch_lines("capture", "0.5.10"))
-    import os
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KDKIT_")}
-    r = _kdkit("capture", "env", "--mode", "capture", env={**env, "KDKIT_LAYERS": "0-60:4"})
+    r = _kdkit("capture", "env", "--mode", "capture", env=_clean_env(KDKIT_LAYERS="0-60:4"))
     assert r.returncode == 0 and "KDKIT_LAYERS=0-60:4" in r.stdout
-    assert "SGLANG_PLUGINS=kdkit KDKIT_MODE=capture python -m sglang.launch_server" in r.stdout
-    r = _kdkit("capture", "env", "--mode", "replace", env=env)
+    assert _launch_line(r.stdout).startswith(f"SGLANG_PLUGINS=kdkit KDKIT_MODE=capture KDKIT_DIR={ROOT}/kdkit-captures "
+                                             "KDKIT_LAYERS=0-60:4 python -m sglang.launch_server")
+    r = _kdkit("capture", "env", "--mode", "replace", env=_clean_env())
     assert r.returncode == 0
     if not torch.cuda.is_available():
         assert "# kdkit's CUDA kernel cannot run here: no CUDA GPU" in r.stdout
-    r = _kdkit("capture", "env", env={**env, "KDKIT_EVERY": "0"})
+    r = _kdkit("capture", "env", env=_clean_env(KDKIT_EVERY="0"))
     assert r.returncode == 2 and r.stderr.strip() == ("kdkit: KDKIT_EVERY='0': want an integer >= 1 (the server "
                                                       "would stop at start-up with this line)")
+
+
+def test_capture_env_launch_line_carries_every_setting_in_force(tmp_path):
+    """Pasted as printed, from another folder, the line gives the server the same settings."""
+    import shlex
+    env = dict(KDKIT_MODE="validate", KDKIT_DIR="my cases", KDKIT_LAYERS="1, 5-9:2", KDKIT_EVERY="4",
+               KDKIT_MAX_BYTES="none", KDKIT_MAX_CASES="7", KDKIT_MIN_FREE="1G", KDKIT_REL_THRESHOLD="0.05",
+               KDKIT_KERNEL="torch", KDKIT_MODEL="org/My-Model", KDKIT_FORWARD_MODES="target_verify,extend")
+    r = _kdkit("capture", "env", env=_clean_env(**env))
+    assert r.returncode == 0, r.stderr
+    words = shlex.split(_launch_line(r.stdout))
+    assigned = dict(w.split("=", 1) for w in words[:words.index("python")] if "=" in w)
+    assert assigned.pop("SGLANG_PLUGINS") == "kdkit" and assigned["KDKIT_DIR"] == str(ROOT / "my cases")
+    assert settings.from_env(assigned) == settings.from_env({**env, "KDKIT_DIR": str(ROOT / "my cases")})
+    # the defaults are left out; the folder is always there, absolute
+    r = _kdkit("capture", "env", "--mode", "capture", env=_clean_env())
+    words = shlex.split(_launch_line(r.stdout))
+    assert [w for w in words if w.startswith("KDKIT_")] == ["KDKIT_MODE=capture", f"KDKIT_DIR={ROOT}/kdkit-captures"]
+
+
+def test_capture_env_warns_when_the_folder_cannot_be_written(tmp_path):
+    (tmp_path / "a-file").write_text("x")
+    r = _kdkit("capture", "env", "--mode", "capture", env=_clean_env(KDKIT_DIR=tmp_path / "a-file" / "cases"))
+    assert r.returncode == 0
+    assert (f"# warning: KDKIT_DIR={tmp_path}/a-file/cases cannot be created ({tmp_path}/a-file is a file): "
+            "no case would be written") in r.stdout.splitlines()
+    r = _kdkit("capture", "env", "--mode", "capture", env=_clean_env(KDKIT_DIR=tmp_path / "new" / "cases"))
+    assert r.returncode == 0 and "warning" not in r.stdout
 
 
 def test_capture_sitecustomize(tmp_path):
@@ -180,3 +319,53 @@ def test_capture_sitecustomize(tmp_path):
     r = subprocess.run([sys.executable, "-c", "import sys; print(any('kdkit' in m for m in sys.modules))"],
                        capture_output=True, text=True, env={"PYTHONPATH": f"{tmp_path / 'sc'}:{ROOT}", "PATH": ""})
     assert r.returncode == 0 and r.stdout.strip() == "True" and r.stderr == ""
+
+
+PROBE = ("import sys; print('torch' in sys.modules, "
+         "any(type(f).__name__ == '_AfterImport' for f in sys.meta_path))")
+
+
+@pytest.mark.parametrize("env", [{"KDKIT_MODE": "bogus"}, {"KDKIT_MODE": "replace"}, {"KDKIT_MODE": "validate"},
+                                 {"KDKIT_MODE": "capture", "KDKIT_LAYER": "5"}, {"KDKIT_MODE": "capture"}])
+def test_sitecustomize_leaves_every_python_but_sglang_alone(tmp_path, env):
+    """The settings are checked when SGLang imports its Triton backend, not at interpreter start:
+    a bad or (here, without a GPU) unrunnable one stops SGLang only; pip, `kdkit capture env` and
+    any other Python start normally, and none imports torch because of kdkit."""
+    sc = tmp_path / "sc"
+    assert _kdkit("capture", "sitecustomize", sc).returncode == 0
+    penv = _clean_env(PYTHONPATH=f"{sc}:{ROOT}", **env)
+    r = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=penv)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "False True\n", "")
+    r = subprocess.run([sys.executable, "-m", "kdkit.cli", "capture", "env"], capture_output=True, text=True,
+                       env=penv, cwd=tmp_path)
+    bad = env["KDKIT_MODE"] == "bogus" or "KDKIT_LAYER" in env
+    if bad:  # `kdkit capture env` itself names the bad setting, in one line
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith("kdkit: KDKIT_"), r.stderr
+    else:
+        assert r.returncode == 0 and r.stderr == "" and "# launch" in r.stdout
+
+
+def test_sitecustomize_without_kdkit_speaks_only_when_asked_to_hook(tmp_path):
+    sc, blocker = tmp_path / "sc", tmp_path / "blocker" / "kdkit"
+    assert _kdkit("capture", "sitecustomize", sc).returncode == 0
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('no kdkit in this Python')\n")
+    penv = _clean_env(PYTHONPATH=f"{sc}:{blocker.parent}")
+    r = subprocess.run([sys.executable, "-c", "pass"], capture_output=True, text=True, env=penv)
+    assert (r.returncode, r.stderr) == (0, "")
+    r = subprocess.run([sys.executable, "-c", "pass"], capture_output=True, text=True, env={**penv, "KDKIT_MODE": "capture"})
+    assert r.returncode == 0 and r.stderr == ("[kdkit] sitecustomize: kdkit is not importable here (no kdkit in this "
+                                              "Python); SGLang is not hooked\n")
+
+
+def test_sitecustomize_runs_the_one_it_shadows(tmp_path):
+    """Python imports only the first sitecustomize on sys.path: kdkit's runs the next one (the
+    system's, e.g. Ubuntu's apport hook) after its own work; two kdkit ones do not loop."""
+    a, b, other = tmp_path / "a", tmp_path / "b", tmp_path / "other"
+    for d in (a, b):
+        assert _kdkit("capture", "sitecustomize", d).returncode == 0
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("import sys\nprint('the shadowed sitecustomize ran', file=sys.stderr)\n")
+    penv = _clean_env(PYTHONPATH=f"{a}:{b}:{other}:{ROOT}", KDKIT_MODE="capture")
+    r = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=penv)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "False True\n", "the shadowed sitecustomize ran\n")

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 import sys
+from pathlib import Path
 
 from . import sglang_api
 from .settings import MODES, SettingsError, from_env
@@ -35,8 +38,9 @@ def _err(msg: str) -> None:
     print(f"kdkit: {msg}", file=sys.stderr)
 
 
-def launch_lines(mode: str | None, release: str | None) -> list[str]:
-    """The launch command for `mode`, with the flags it needs and why."""
+def launch_lines(mode: str | None, release: str | None, settings: list[tuple[str, str]] = ()) -> list[str]:
+    """The launch command for `mode`, with the flags it needs and why; `settings`: the other
+    KDKIT_* (name, value) pairs it must carry (Settings.assignments()), shell-quoted here."""
     if mode is None:
         return ["# KDKIT_MODE is unset: the plugin is installed but passes every call through.",
                 "# Set KDKIT_MODE=capture|validate|replace (or pass --mode) to see the launch flags."]
@@ -55,7 +59,8 @@ def launch_lines(mode: str | None, release: str | None) -> list[str]:
     if not sglang_api.has_plugin_system(release):
         lines.append(f"# SGLang {release} has no plugin system (it came in {sglang_api.OLDEST}): "
                      "run `kdkit capture sitecustomize DIR` and put DIR on PYTHONPATH")
-    lines.append(f"SGLANG_PLUGINS=kdkit KDKIT_MODE={mode} python -m sglang.launch_server "
+    env = "".join(f" {name}={shlex.quote(value)}" for name, value in settings)
+    lines.append(f"SGLANG_PLUGINS=kdkit KDKIT_MODE={mode}{env} python -m sglang.launch_server "
                  f"--model-path MODEL <your flags> {' '.join(flags)}")
     return lines
 
@@ -75,14 +80,30 @@ def cmd_env(args) -> int:
     print()
     print("# launch")
     mode = args.mode or s.mode
-    for line in launch_lines(mode, sglang_api.release()):
+    for line in launch_lines(mode, sglang_api.release(), s.assignments()):
         print(line)
+    if mode in ("capture", "validate"):
+        why = unwritable(s.dir)
+        if why:
+            print(f"# warning: KDKIT_DIR={s.dir.resolve()} {why}: no case would be written")
     if mode == "replace" or (mode == "validate" and s.kernel == "cuda"):
         from .kernels import cuda_unavailable  # imports torch: only when the mode needs the kernel
         why = cuda_unavailable()
         print(f"# kdkit's CUDA kernel {'is ready here' if why is None else 'cannot run here: ' + why}"
               + ("" if why is None else f" (SGLang would stop at start-up with KDKIT_MODE={mode})"))
     return EXIT_OK
+
+
+def unwritable(folder: Path) -> str | None:
+    """Why the plugin could not write case files into `folder` (it makes a missing one), or None."""
+    p = folder.resolve()
+    while not p.exists():
+        p = p.parent
+    if not p.is_dir():
+        return f"cannot be created ({p} is a file)"
+    if not os.access(p, os.W_OK | os.X_OK):
+        return "is not writable" if p == folder.resolve() else f"cannot be created ({p} is not writable)"
+    return None
 
 
 def cmd_sitecustomize(args) -> int:

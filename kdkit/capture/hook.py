@@ -74,7 +74,8 @@ class Hook:
         _setup_logging()
         self.s = settings
         self.say = Once()
-        self.store = Store(settings.dir, settings.max_cases, settings.max_bytes, self.say) if settings.writes else None
+        self.store = Store(settings.dir, settings.max_cases, settings.max_bytes, self.say,
+                           min_free=settings.min_free) if settings.writes else None
         self.writer = Writer(self.store, self._build, self._fault) if self.store else None
         self.cuda = kernels.CudaKernel() if settings.mode == "replace" or \
             (settings.mode == "validate" and settings.kernel == "cuda") else None
@@ -263,7 +264,7 @@ class Hook:
     def _build(self, snap: record.Snapshot):
         case = record.build_case(snap)
         m = snap.meta
-        return case, m["model"], m["layer_id"], m["tp_rank"], m["step"], snap.nbytes
+        return case, m["model"], m["layer_id"], m["tp_rank"], m["step"]
 
     def close(self) -> None:
         """Write what is queued (bounded wait)."""

@@ -124,16 +124,18 @@ def _plugin_system_will_load_kdkit() -> bool:
 
 
 def install_from_sitecustomize() -> str:
-    """What sitecustomize.py calls: hook forward_extend when SGLang's Triton backend is imported,
-    unless KDKIT_MODE is unset or the plugin system will do it. Returns what it did."""
-    s = settings_or_stop()
-    if not s.active:
+    """What sitecustomize.py calls, at the start of EVERY Python process with its folder on
+    PYTHONPATH (pip, `kdkit capture env`, the server). It only registers a post-import hook: the
+    settings are read and checked (and torch imported, for validate/replace's CUDA check) when
+    SGLang's Triton backend module is imported, so a bad KDKIT_* value stops SGLang there with one
+    line and leaves every other process alone. Returns what it did."""
+    if not os.environ.get("KDKIT_MODE", "").strip():
         return "KDKIT_MODE unset: nothing hooked"
-    if _plugin_system_will_load_kdkit():
-        return "SGLang's plugin system loads kdkit (entry point): sitecustomize leaves it to it"
 
     def then(module):
-        wrap(getattr(module, sglang_api.BACKEND_CLASS), make_hook(s))
+        if _plugin_system_will_load_kdkit():
+            return  # register() hooks it (and checks the settings) when load_plugins() runs
+        wrap(getattr(module, sglang_api.BACKEND_CLASS), make_hook(settings_or_stop()))
 
     mod = sys.modules.get(sglang_api.BACKEND_MODULE)
     if mod is not None:

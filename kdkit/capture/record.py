@@ -123,7 +123,6 @@ class Snapshot:
     meta: dict
     params: dict
     event: object = None         # torch.cuda.Event, or None on a CPU
-    nbytes: int = 0
 
     def wait(self) -> None:
         """Until the queued copies have landed. Polls the event rather than synchronizing on it:
@@ -181,11 +180,10 @@ def snapshot(call: KernelCall, forward_batch, meta: dict, say) -> Snapshot:
     if cuda:
         event = torch.cuda.Event()
         event.record()
-    nbytes = sum(t.numel() * t.element_size() for t in host.values() if isinstance(t, torch.Tensor))
     params = {"kv_indices_dtype": call.kv_indices.dtype, "num_heads": call.num_heads,
               "sm_scale": call.sm_scale, "logit_cap": call.logit_cap,
               "causal": call.causal, "max_len_extend": call.max_len_extend}
-    return Snapshot(host, n_idx, meta, params, event, nbytes)
+    return Snapshot(host, n_idx, meta, params, event)
 
 
 def build_case(snap: Snapshot) -> case_mod.Case:

@@ -5,6 +5,7 @@ plugin turns it into a stop at server start-up, never a crash in the middle of s
 """
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import re
@@ -26,8 +27,29 @@ DEFAULT_FORWARD_MODES = ("target_verify",)
 # below what a marshaling bug gives (the seed's bug: rel 1.08).
 DEFAULT_REL_THRESHOLD = 0.02
 
+# A server writes up to (layers x ranks) files per step (61 x 8 for Kimi/DeepSeek at TP 8, each a
+# few MB to hundreds of MB): without a cap, capture runs until the disk is full. 20 GiB holds
+# hundreds of typical cases and leaves a server's disk usable; KDKIT_MAX_BYTES=none lifts it.
+DEFAULT_MAX_BYTES = 20 << 30
+# Capturing also stops when the folder's file system has less than this free: the server itself
+# (logs, Triton/torch caches, checkpoints) and its neighbours need the disk more than kdkit does,
+# whatever the byte budget says. KDKIT_MIN_FREE=0 turns the floor off.
+DEFAULT_MIN_FREE = 2 << 30
+# Layer ids above this are refused: real models have < 200 layers, and the set of selected ids is
+# built in memory (0-100000000 would take a minute and GBs on every rank).
+MAX_LAYER_ID = 100_000
+
 VARS = ("KDKIT_MODE", "KDKIT_DIR", "KDKIT_LAYERS", "KDKIT_FORWARD_MODES", "KDKIT_EVERY",
-        "KDKIT_MAX_CASES", "KDKIT_MAX_BYTES", "KDKIT_REL_THRESHOLD", "KDKIT_KERNEL", "KDKIT_MODEL")
+        "KDKIT_MAX_CASES", "KDKIT_MAX_BYTES", "KDKIT_MIN_FREE", "KDKIT_REL_THRESHOLD", "KDKIT_KERNEL",
+        "KDKIT_MODEL")
+# KDKIT_* names the rest of the project reads (tests, tools): never taken for a misspelled setting
+OTHER_VARS = ("KDKIT_CACHE", "KDKIT_SGLANG_ENV", "KDKIT_SGLANG_SRC", "KDKIT_SWEEP", "KDKIT_SWEEP_TRITON",
+              "KDKIT_TEST_DATA", "KDKIT_TEST_THREADS", "KDKIT_CHROMIUM", "KDKIT_PROPERTY_EXAMPLES",
+              "KDKIT_FUZZ_FILES", "KDKIT_BROWSER_RUN_S")
+# A KDKIT_* name this close to a setting's (difflib ratio of the parts after KDKIT_) is a typo: it
+# would be ignored silently (KDKIT_LAYER=56 captures every layer). The other project names above
+# score below 0.6 against every setting; the typos tried (LAYER, EVRY, MAXBYTES, DIRS) 0.85-0.95.
+TYPO_CUTOFF = 0.8
 
 
 class SettingsError(ValueError):
@@ -62,6 +84,9 @@ def parse_layers(text: str) -> Layers:
                                 "list of those (1,5,9-12), or all")
         lo = int(m.group(1))
         hi = int(m.group(2)) if m.group(2) is not None else lo
+        if max(lo, hi) > MAX_LAYER_ID:
+            raise SettingsError("KDKIT_LAYERS", text, f"{part!r}: layer ids run to {MAX_LAYER_ID} at most "
+                                "(a model's layers are numbered from 0); write all for every layer")
         step = int(m.group(3)) if m.group(3) is not None else 1
         if hi < lo or step < 1:
             raise SettingsError("KDKIT_LAYERS", text, f"{part!r}: a range runs low-high with a step >= 1 "
@@ -74,9 +99,11 @@ _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g"
           "t": 1000**4, "tb": 1000**4, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
 
 
-def parse_bytes(var: str, text: str) -> int | None:
+def parse_bytes(var: str, text: str, default: int | None = None) -> int | None:
     t = text.strip().lower().replace(" ", "")
-    if t in ("", "none", "unlimited"):
+    if t == "":
+        return default
+    if t in ("none", "unlimited"):
         return None
     m = re.fullmatch(r"(\d+(?:\.\d+)?)([a-z]*)", t)
     if not m or m.group(2) not in _UNITS:
@@ -99,6 +126,11 @@ def _int(var: str, text: str, lo: int, default: int | None) -> int | None:
     return val
 
 
+def _min_free(text: str) -> int:
+    n = parse_bytes("KDKIT_MIN_FREE", text, DEFAULT_MIN_FREE)
+    return 0 if n is None else n
+
+
 @dataclass(frozen=True)
 class Settings:
     mode: str | None                 # None: KDKIT_MODE unset, the plugin does nothing
@@ -107,7 +139,8 @@ class Settings:
     forward_modes: tuple = DEFAULT_FORWARD_MODES
     every: int = 1                   # one step in N (a step = one forward batch of a selected mode)
     max_cases: int | None = None     # case files in KDKIT_DIR (all ranks together)
-    max_bytes: int | None = None     # bytes of case files in KDKIT_DIR (all ranks together)
+    max_bytes: int | None = DEFAULT_MAX_BYTES  # bytes of case files in KDKIT_DIR (all ranks together)
+    min_free: int = DEFAULT_MIN_FREE  # stop writing when the folder's disk has less free than this
     rel_threshold: float = DEFAULT_REL_THRESHOLD
     kernel: str = "cuda"
     model: str | None = None         # overrides the name read from the server args
@@ -133,15 +166,49 @@ class Settings:
             f"KDKIT_EVERY={self.every}  # one step in {self.every}",
             f"KDKIT_MAX_CASES={size(self.max_cases)}  # stop writing after this many case files in the folder",
             f"KDKIT_MAX_BYTES={size(self.max_bytes)}  # stop writing before the folder's case files pass this",
+            f"KDKIT_MIN_FREE={self.min_free}  # stop writing when the folder's disk has less free than this",
             f"KDKIT_REL_THRESHOLD={self.rel_threshold:g}  # validate writes the case when rel exceeds it",
             f"KDKIT_KERNEL={self.kernel}  # what validate/replace run: cuda (kdkit's kernel) or torch (reference)",
             f"KDKIT_MODEL={self.model or ''}  # model name in file names (default: from the server args)",
         ]
 
 
+    def assignments(self) -> list[tuple[str, str]]:
+        """(NAME, value) of every setting that differs from its default (KDKIT_DIR always, as an
+        absolute path: the server's working directory may not be this one), as from_env reads
+        them back: what a launch line must carry. KDKIT_MODE is the caller's."""
+        d = Settings(mode=self.mode)
+        out = [("KDKIT_DIR", str(self.dir.resolve()))]
+        if self.layers.text != d.layers.text:
+            out.append(("KDKIT_LAYERS", self.layers.text))
+        if self.forward_modes != d.forward_modes:
+            out.append(("KDKIT_FORWARD_MODES", ",".join(self.forward_modes)))
+        for var, name in (("KDKIT_EVERY", "every"), ("KDKIT_MAX_CASES", "max_cases"),
+                          ("KDKIT_MAX_BYTES", "max_bytes"), ("KDKIT_MIN_FREE", "min_free"),
+                          ("KDKIT_REL_THRESHOLD", "rel_threshold"), ("KDKIT_KERNEL", "kernel"),
+                          ("KDKIT_MODEL", "model")):
+            v = getattr(self, name)
+            if v != getattr(d, name):
+                out.append((var, "none" if v is None else repr(v) if isinstance(v, float) else str(v)))
+        return out
+
+
+def check_names(env) -> None:
+    """SettingsError for a KDKIT_* name that is a near miss of a setting's (KDKIT_LAYER=56)."""
+    for name in env:
+        if not name.upper().startswith("KDKIT_") or name in VARS or name in OTHER_VARS:
+            continue
+        tail = name.upper()[len("KDKIT_"):]
+        near = difflib.get_close_matches(tail, [v[len("KDKIT_"):] for v in VARS], n=1, cutoff=TYPO_CUTOFF)
+        if near:
+            raise SettingsError(name, env[name], f"not a kdkit setting: did you mean KDKIT_{near[0]}? "
+                                "(`kdkit capture env` lists the settings)")
+
+
 def from_env(env=None) -> Settings:
     """Read the KDKIT_* variables; raises SettingsError on the first bad one."""
     env = os.environ if env is None else env
+    check_names(env)
     mode = env.get("KDKIT_MODE", "").strip().lower() or None
     if mode is not None and mode not in MODES:
         raise SettingsError("KDKIT_MODE", env["KDKIT_MODE"], f"choose one of {', '.join(MODES)} (or unset it)")
@@ -176,7 +243,8 @@ def from_env(env=None) -> Settings:
         forward_modes=fms,
         every=_int("KDKIT_EVERY", env.get("KDKIT_EVERY", ""), 1, 1),
         max_cases=_int("KDKIT_MAX_CASES", env.get("KDKIT_MAX_CASES", ""), 0, None),
-        max_bytes=parse_bytes("KDKIT_MAX_BYTES", env.get("KDKIT_MAX_BYTES", "")),
+        max_bytes=parse_bytes("KDKIT_MAX_BYTES", env.get("KDKIT_MAX_BYTES", ""), DEFAULT_MAX_BYTES),
+        min_free=_min_free(env.get("KDKIT_MIN_FREE", "")),
         rel_threshold=rel,
         kernel=kernel,
         model=model,

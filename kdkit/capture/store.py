@@ -4,10 +4,12 @@ Names: `<model>-L<layer>-r<rank>-s<step>.pt`; a name that exists (a restarted se
 steps from 0 again, another run wrote the same folder) is never overwritten: the case gets
 `-2`, `-3`, ... before `.pt`. Every rank of a server writes the same folder.
 
-The budget (KDKIT_MAX_CASES, KDKIT_MAX_BYTES) counts the case files in the folder, all ranks
-together, re-read before each write; a write that would pass it is not made and capturing stops
-with one line. Ranks check and write independently, so with R ranks writing at the same moment
-the folder can pass the byte budget by at most R-1 files.
+The budget (KDKIT_MAX_CASES, KDKIT_MAX_BYTES, default 20 GiB: kdkit.capture.settings says why)
+counts the case files in the folder, all ranks together, re-read before each write and checked
+against the file's real size (the case is serialised in memory first); a write that would pass it
+is not made and capturing stops with one line. So does a write that would leave the folder's file
+system with less than KDKIT_MIN_FREE (default 2 GiB) free. Ranks check and write independently, so
+with R ranks writing at the same moment the folder can pass the byte budget by at most R-1 files.
 
 The writer is a daemon thread fed through a short queue: the server's thread only enqueues host
 copies (kdkit.capture.record.Snapshot); waiting for the copies, building the case, compacting
@@ -22,6 +24,7 @@ import logging
 import os
 import queue
 import re
+import shutil
 import threading
 from pathlib import Path
 
@@ -69,10 +72,11 @@ class Stopped(Exception):
 class Store:
     """The folder, its budget, and the rule that nothing is overwritten."""
 
-    def __init__(self, folder: Path, max_cases: int | None, max_bytes: int | None, say=None):
+    def __init__(self, folder: Path, max_cases: int | None, max_bytes: int | None, say=None, min_free: int = 0):
         self.folder = Path(folder)
         self.max_cases = max_cases
         self.max_bytes = max_bytes
+        self.min_free = min_free
         self.stopped: str | None = None   # why writing stopped (None while it goes on)
         self.written: list[Path] = []
         self._say = say or (lambda key, msg: log.warning(msg))
@@ -95,34 +99,44 @@ class Store:
             self.stop(f"{self.folder} is not writable (read-only?); no case will be written")
 
     def check_budget(self, new_bytes: int) -> None:
-        """Raise Stopped if one more file of `new_bytes` would pass the budget."""
+        """Raise Stopped if one more file of `new_bytes` would pass the budget or the free-space floor."""
         if self.stopped:
             raise Stopped(self.stopped)
-        if self.max_cases is None and self.max_bytes is None:
-            return
-        count, size = usage(self.folder)
-        if self.max_cases is not None and count >= self.max_cases:
-            self.stop(f"KDKIT_MAX_CASES={self.max_cases} reached ({count} case files in {self.folder})")
-        elif self.max_bytes is not None and size + new_bytes > self.max_bytes:
-            self.stop(f"KDKIT_MAX_BYTES={self.max_bytes} reached ({size} bytes of case files in "
-                      f"{self.folder}, the next would add {new_bytes})")
+        if self.max_cases is not None or self.max_bytes is not None:
+            count, size = usage(self.folder)
+            if self.max_cases is not None and count >= self.max_cases:
+                self.stop(f"KDKIT_MAX_CASES={self.max_cases} reached ({count} case files in {self.folder})")
+            elif self.max_bytes is not None and size + new_bytes > self.max_bytes:
+                self.stop(f"KDKIT_MAX_BYTES={self.max_bytes} reached ({size} bytes of case files in "
+                          f"{self.folder}, the next would add {new_bytes})")
+        if not self.stopped and self.min_free:
+            try:
+                free = shutil.disk_usage(self.folder).free
+            except OSError:
+                free = None  # the write itself will say what is wrong with the folder
+            if free is not None and free - new_bytes < self.min_free:
+                self.stop(f"KDKIT_MIN_FREE={self.min_free}: {free} bytes free on the disk of {self.folder}, "
+                          f"the next case ({new_bytes} bytes) would leave less")
         if self.stopped:
             raise Stopped(self.stopped)
 
-    def write(self, case, model: str, layer: int, rank: int, step: int, size_hint: int) -> Path | None:
+    def write(self, case, model: str, layer: int, rank: int, step: int) -> Path | None:
         """Save `case` under the first free name; None (and capturing stopped) on a full disk, a
         read-only folder or a reached budget."""
-        try:
-            self.check_budget(size_hint)
-        except Stopped:
+        if self.stopped:
             return None
         for n in range(1, 1000):
             path = self.folder / case_name(model, layer, rank, step, n)
             if os.path.lexists(path):
                 continue
             case.meta["case_id"] = path.stem
+            data = case.to_bytes(path)  # the real size, for the budget
             try:
-                saved = _save(case, path)
+                self.check_budget(len(data))
+            except Stopped:
+                return None
+            try:
+                saved = case.save(path, data=data)
             except FileExistsError:  # another process took the name meanwhile: try the next
                 continue
             except OSError as e:
@@ -135,17 +149,12 @@ class Store:
         raise FileExistsError(f"{self.folder}: 999 files named like {case_name(model, layer, rank, step)}")
 
 
-def _save(case, path: Path) -> Path:
-    """The project's one file writer: atomic, never over an existing file."""
-    return case.save(path)
-
-
 class Writer:
     """A daemon thread that turns snapshots into case files, off the server's thread."""
 
     def __init__(self, store: Store, build, on_error):
         self.store = store
-        self._build = build          # snapshot -> (case, model, layer, rank, step, size_hint) or None
+        self._build = build          # snapshot -> (case, model, layer, rank, step) or None
         self._on_error = on_error    # (kind, exception) -> None, logs once per kind
         self._q: queue.Queue = queue.Queue(maxsize=QUEUE_DEPTH)
         self._thread: threading.Thread | None = None
@@ -184,8 +193,7 @@ class Writer:
             built = self._build(snap)
             if built is None:
                 return None
-            case, model, layer, rank, step, size = built
-            return self.store.write(case, model, layer, rank, step, size)
+            return self.store.write(*built)
         except Exception as e:  # never lets the thread die: later snapshots still get written
             self._on_error("write", e)
             return None

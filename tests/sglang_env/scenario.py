@@ -2,7 +2,7 @@
 as a fresh process (python scenario.py SPEC_JSON), like SGLang's spawned TP workers.
 
 SPEC: {"rank": 0, "world": 1, "steps": [{"layout": "eager"|"graph", "layers": [0, 1],
-        "forward_mode": "TARGET_VERIFY", "graph_capture": false, "inject": null|"raise"|"perturb"|"enospc",
+        "forward_mode": "TARGET_VERIFY", "graph_capture": false, "inject": null|"raise"|"perturb"|"efbig",
         "seed": 0}, ...]}
 The KDKIT_* settings and SGLANG_PLUGINS come from the environment. Prints one line
 `RESULT {json}` with, per call, whether the output equals the unhooked forward_extend's bitwise.
@@ -10,7 +10,6 @@ The KDKIT_* settings and SGLANG_PLUGINS come from the environment. Prints one li
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import sys
@@ -29,18 +28,16 @@ import harness  # noqa: E402
 
 
 def _inject(kind):
-    """A fault in kdkit's validate path (torch reference or CUDA kernel), or a full disk under
-    the writer; None puts the real functions back."""
-    from kdkit import case as case_mod
+    """A fault in kdkit's validate path (torch reference or CUDA kernel), or a file-size limit
+    the OS enforces on every file this process writes from then on ("efbig": RLIMIT_FSIZE, so
+    writing a case file fails in the OS write with EFBIG, as a full disk fails with ENOSPC);
+    None puts the real functions back (the size limit stays: the writer thread writes later)."""
     from kdkit.capture import kernels
     real_ref = getattr(kernels, "_real_torch_reference", kernels.torch_reference)
     kernels._real_torch_reference = real_ref
-    real_save = getattr(case_mod.Case, "_real_save", case_mod.Case.save)
-    case_mod.Case._real_save = real_save
     real_run = getattr(kernels.CudaKernel, "_real_run", kernels.CudaKernel.run)
     kernels.CudaKernel._real_run = real_run
     kernels.torch_reference = real_ref
-    case_mod.Case.save = real_save
     kernels.CudaKernel.run = real_run
     if kind == "cuda-raise":
         def broken_run(self, *a, **k):
@@ -59,10 +56,12 @@ def _inject(kind):
             out = real_ref(case)
             return out * 1.5  # a kernel with a wrong scale: rel 0.5
         kernels.torch_reference = wrong
-    elif kind == "enospc":
-        def full(self, path, overwrite=False):
-            raise OSError(errno.ENOSPC, "No space left on device", str(path))
-        case_mod.Case.save = full
+    elif kind == "efbig":
+        import resource
+        import signal
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write then fails with EFBIG, not the process
+        _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, hard))  # a case file is larger
 
 
 @contextlib.contextmanager

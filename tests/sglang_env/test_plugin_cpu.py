@@ -179,7 +179,7 @@ def test_budget_full_disk_unusable_folder_no_overwrite_and_every(tmp_path):
     procs = [
         _start(two, _env(KDKIT_MODE="capture", KDKIT_LAYERS="1", KDKIT_DIR=d_cases, KDKIT_MAX_CASES=2)),
         _start(two, _env(KDKIT_MODE="capture", KDKIT_DIR=d_bytes, KDKIT_MAX_BYTES="100K")),
-        _start({"steps": [{"layout": "eager", "inject": "enospc"}, {"layout": "graph", "inject": "enospc"}]},
+        _start({"steps": [{"layout": "eager", "inject": "efbig"}, {"layout": "graph", "inject": "efbig"}]},
                _env(KDKIT_MODE="capture", KDKIT_DIR=d_full)),
         _start(two, _env(KDKIT_MODE="capture", KDKIT_DIR=blocker / "sub")),
         _start({"steps": [{"layout": "eager"}, {"layout": "graph"}, {"layout": "eager", "seed": 4}]},
@@ -201,9 +201,12 @@ def test_budget_full_disk_unusable_folder_no_overwrite_and_every(tmp_path):
     stop = [ln for ln in l_bytes if "stopped" in ln]
     assert len(stop) == 1 and "KDKIT_MAX_BYTES=100000 reached" in stop[0]
 
+    # the OS refuses the write (a file-size limit: EFBIG, met in the file write as ENOSPC is):
+    # one line, no file, no temporary file, no fault, and no later capture is even tried
     assert list(d_full.iterdir()) == []
     stop = [ln for ln in l_full if "stopped" in ln]
-    assert len(stop) == 1 and "No space left on device (errno ENOSPC)" in stop[0], l_full
+    assert len(stop) == 1 and "File too large (errno EFBIG)" in stop[0], l_full
+    assert full["stopped"] == stop[0][len("[kdkit] capturing stopped: "):]
 
     stop = [ln for ln in l_unusable if "stopped" in ln]
     assert len(stop) == 1 and "cannot create" in stop[0] and unusable["written"] == []
@@ -262,6 +265,19 @@ def test_sitecustomize_hooks_where_the_plugin_system_does_not(tmp_path):
     res, lines, _ = _finish(_start({"steps": [{"layout": "eager"}]}, env))
     _all_equal(res)
     assert sorted(p.name for p in d.iterdir()) == ["model-L1-r0-s0.pt"]
+
+
+def test_sitecustomize_checks_the_settings_when_sglang_imports_its_backend(tmp_path):
+    """A bad setting with the sitecustomize installation stops SGLang (here: the worker process
+    as it imports the Triton backend) with one line, no traceback; Python itself starts."""
+    site = tmp_path / "site"
+    assert _kdkit("capture", "sitecustomize", site).returncode == 0
+    env = _env(KDKIT_MODE="capture", KDKIT_LAYER="1", SGLANG_PLUGINS="someone-else",
+               PYTHONPATH=f"{site}:{os.environ.get('PYTHONPATH', '')}")
+    res, _, err = _finish(_start({"steps": [{"layout": "eager"}]}, env), rc=1)
+    assert res is None and "Traceback" not in err and "Fatal Python error" not in err, err[-2000:]
+    assert err.strip().splitlines()[-1] == ("[kdkit] stopping SGLang at start-up: KDKIT_LAYER='1': not a kdkit "
+                                            "setting: did you mean KDKIT_LAYERS? (`kdkit capture env` lists the settings)")
 
 
 def test_capture_env_names_the_installed_release_flags():
