@@ -3,7 +3,10 @@
     resolve(path)              a repo-relative path that works from the repo root and from notebooks/
     ReplayView.load(path, backends)   one case replayed, and its figures (the same with or without widgets)
     ReplayExplorer(view, cases_dir)   the widgets: case picker, backends, token/head; redraws in place
-    capture_rows(directory)    the table of a capture directory (layer, rank, step, shapes, lint, verdict)
+    capture_rows(directory, limit=None)   the table of a capture directory (layer, rank, step, shapes,
+                               lint, verdict), with a progress bar
+    pick_replayable(rows)      the row capture.ipynb replays: the first passing case, else the first
+                               one that replays at all, else None
     emit(result)               the structured output a notebook leaves for its test (read_result reads it)
 """
 from __future__ import annotations
@@ -178,13 +181,18 @@ class ReplayExplorer:
 
 
 # ---- capture directories ------------------------------------------------------------------------
-def capture_rows(directory, backends="oracle,torch") -> list[dict]:
+def capture_rows(directory, backends="oracle,torch", limit: int | None = None,
+                 progress: bool = True) -> list[dict]:
     """One row per case file: layer, rank, step (from the case's meta, else from the capture file
     name), shapes, the lint one-liner and the replay verdict. A file that cannot be loaded is a
-    row that says why."""
+    row that says why. limit: the first `limit` files only (a capture directory of a long run
+    holds thousands, each replayed); progress: a tqdm bar (a widget in JupyterLab, text elsewhere)."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"limit = {limit!r}: a positive number of case files, or None for all of them")
     rows = []
     root = resolve(directory)
-    for p in case_files(root):
+    files = case_files(root)[:limit]
+    for p in _progress(files, progress, desc="replaying cases", unit="case"):
         m = CAPTURE_NAME.match(p.stem)
         row = {"file": str(p.relative_to(root)) if root in p.parents else p.name, "path": str(p),
                "layer": m and int(m["layer"]), "rank": m and int(m["rank"]), "step": m and int(m["step"])}
@@ -209,6 +217,29 @@ def capture_rows(directory, backends="oracle,torch") -> list[dict]:
             row["verdict"] = f"replay stopped: {type(e).__name__}: {e}"
         rows.append(row)
     return rows
+
+
+def _progress(items, show: bool, **kw):
+    """items wrapped in tqdm.auto's bar when `show` (notebook-friendly: an ipywidgets bar in a
+    Jupyter kernel that has ipywidgets, text on stderr elsewhere)."""
+    if not show:
+        return items
+    from tqdm.auto import tqdm
+    return tqdm(items, **kw)
+
+
+def is_replayable(row: dict) -> bool:
+    """A capture_rows row whose case loaded and whose replay ran to a verdict (pass or fail)."""
+    return row.get("case_id") not in (None, "-") and not str(row.get("verdict", "")).startswith(
+        ("cannot load", "replay stopped"))
+
+
+def pick_replayable(rows: list[dict]) -> dict | None:
+    """What capture.ipynb replays without widgets: the first passing case; else (a directory of
+    bad captures, what a user debugging one has) the first case that loads and replays, with its
+    failure; else None: nothing there can be replayed."""
+    return (next((r for r in rows if r.get("verdict") == "pass"), None)
+            or next((r for r in rows if is_replayable(r)), None))
 
 
 def _span(xs: list[int]) -> str:

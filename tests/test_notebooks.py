@@ -179,6 +179,40 @@ def test_capture_table_of_a_capture_dir(tmp_path):
     assert "KDKIT_MODE=capture" in text and "--disable-decode-cuda-graph" in text   # the capture command
 
 
+def test_capture_dir_of_failing_cases_replays_the_first_loadable(tmp_path):
+    """A user debugging a bad capture: no case passes. The notebook replays the first case that
+    loads (its failure shown), not a StopIteration; with nothing replayable it says so."""
+    d = tmp_path / "bad-capture"
+    d.mkdir()
+    (d / "a-truncated.pt").write_bytes(b"not a case")                  # sorts first, cannot load
+    shutil.copy(DATA / "failures" / "mask-indptr-sliced.pt", d / "mask-indptr-sliced.pt")
+    nb, res, _ = execute("capture", tmp_path, capture_dir=str(d), interactive=False)
+    assert [r["file"] for r in res["rows"]] == ["a-truncated.pt", "mask-indptr-sliced.pt"]
+    assert res["replayed"] == "mask-indptr-sliced.pt"
+    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert "replaying mask-indptr-sliced.pt" in text
+    metrics = [f for f in outputs(nb, PLOTLY) if "backends vs oracle" in f["layout"]["title"]["text"]]
+    assert metrics and "mask-indptr-sliced" in metrics[0]["layout"]["title"]["text"]
+
+    nb, res, _ = execute("capture", tmp_path, capture_dir=str(d), interactive=False, limit=1)
+    assert [r["file"] for r in res["rows"]] == ["a-truncated.pt"]        # the limit, from the notebook
+    assert res["replayed"] is None and not outputs(nb, PLOTLY)
+    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert "no replayable case" in text and "1 of 2 case files" in text
+
+
+def test_capture_rows_limit_and_progress(capsys):
+    rows = knb.capture_rows(DATA, "oracle", limit=2)
+    assert [r["file"] for r in rows] == [str(p.relative_to(DATA)) for p in knb.case_files(DATA)[:2]]
+    err = capsys.readouterr().err
+    assert "replaying cases" in err and "2/2" in err                    # tqdm's bar, outside a notebook
+    assert len(knb.capture_rows(DATA / "failures", "oracle", progress=False)) == 2
+    assert not capsys.readouterr().err
+    with pytest.raises(ValueError, match="limit = 0"):
+        knb.capture_rows(DATA, limit=0)
+    assert knb.pick_replayable([{"case_id": "-", "verdict": "cannot load: x"}]) is None
+
+
 def test_capture_without_a_dir_uses_the_bundled_cases(tmp_path):
     nb, res, _ = execute("capture", tmp_path, capture_dir="", interactive=False)
     manifest = json.loads((DATA / "manifest.json").read_text())
