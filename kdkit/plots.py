@@ -27,6 +27,7 @@ PREFIX_BINS = 128    # a prefix wider than this is drawn as bins (SGLang sees ev
 TITLE_SIZE = 15      # px; the detail line is drawn smaller (<sup>)
 VIS_COLORS = [[0, "#e8e8e8"], [1, "#1f77b4"]]   # masked, visible
 PASS_COLOR, FAIL_COLOR = "#2ca02c", "#d62728"
+MASKED_COLOR = "#bbbbbb"
 
 
 # ---- shared pieces ----------------------------------------------------------------------------
@@ -169,21 +170,32 @@ def kv_profile(case, token: int, head: int, backend: str | None = None, probs=No
                    showlegend=False)
 
 
-def implied_dp(case, out, ref, token: int, head: int) -> tuple[np.ndarray, int, float]:
+def implied_dp(case, out, ref, token: int, head: int, visible=None) -> tuple[np.ndarray, int, float]:
     """(dp [kv_len], request, residual): the change of attention weights along request b's KV
     positions that explains out - ref on (token, head) best, min ||dp @ V - (out - ref)|| (least
-    squares; the minimum-norm one when kv_len > 512 = v_head_dim). A column a backend saw but must
-    not, or missed, shows as +p / -p there. residual = the part of the error no weighting of V
-    explains (wrong V, scale of the output itself) relative to |out - ref|."""
+    squares; the minimum-norm one when there are more columns than v_head_dim = 512). A column a
+    backend missed shows as -p there. residual = the part of the error no weighting of those
+    columns explains (wrong V, a column seen that should not be, the output's own rounding)
+    relative to |out - ref|.
+
+    visible ([kv_len] bool, the row's mask): solve over the visible columns only, dp is NaN on the
+    masked ones. Over every column, a passing backend's rounding noise was spread onto masked
+    columns too and read like a mask leak; a real leak shows here as a large residual."""
     b, _ = _request_of(case, token)
     _, V, _ = request_kv(case, b)
     V = V.detach().cpu().double().numpy()                               # [kv, 512]
+    cols = np.ones(V.shape[0], bool) if visible is None else np.asarray(visible, bool)
+    if cols.shape != (V.shape[0],):
+        raise ValueError(f"visible has shape {cols.shape}; request {b} has {V.shape[0]} KV columns")
+    dp = np.full(V.shape[0], np.nan)
     d = (np.asarray(_f64(out)[token, head]) - np.asarray(_f64(ref)[token, head]))
     if not np.isfinite(d).all():
-        return np.full(V.shape[0], np.nan), b, float("nan")
-    dp, *_ = np.linalg.lstsq(V.T, d, rcond=None)
+        return dp, b, float("nan")
     nd = float(np.linalg.norm(d))
-    resid = float(np.linalg.norm(V.T @ dp - d)) / nd if nd > 0 else 0.0
+    if not cols.any():
+        return dp, b, 1.0 if nd > 0 else 0.0
+    dp[cols], *_ = np.linalg.lstsq(V[cols].T, d, rcond=None)
+    resid = float(np.linalg.norm(V[cols].T @ dp[cols] - d)) / nd if nd > 0 else 0.0
     return dp, b, resid
 
 
@@ -206,25 +218,30 @@ def kv_error(case, report, backend: str, token: int | None = None, head: int | N
             raise ValueError(f"{backend} was not judged ({row.status}): give token and head")
         token, head, _ = (int(x) for x in row.verdict.metrics.worst)
     _check_head(case, head)
-    dp, b, resid = implied_dp(case, outs[backend], outs[report.against], token, head)
-    _, i = _request_of(case, token)
+    b, i = _request_of(case, token)
     p, vis, prefix_len = _row(case, b, i, head, probs)
+    dp, b, resid = implied_dp(case, outs[backend], outs[report.against], token, head, visible=vis)
     fig = _kv_figure()
     # red: weight the backend put where the reference has less; blue: weight it missed (a column
-    # dropped entirely shows as -p there, p being the reference's probability, in the hover)
+    # dropped entirely shows as -p there, p being the reference's probability, in the hover);
+    # masked columns carry no bar (NaN): the strip below marks them
     fig.add_trace(go.Bar(x=np.arange(dp.shape[0]), y=dp, customdata=p, name="implied weight change",
-                         marker_color=np.where(dp >= 0, "#d62728", "#1f77b4"),
+                         marker_color=np.where(~vis, MASKED_COLOR, np.where(dp >= 0, "#d62728", "#1f77b4")),
                          hovertemplate="kv %{x}: dp=%{y:.3e} (oracle p=%{customdata:.3e})<extra></extra>"),
                   row=1, col=1)
     _kv_strip(fig, vis, prefix_len)
     fig.update_yaxes(title_text=f"weight change, {backend} - {report.against}", row=1, col=1)
-    kv = dp.shape[0]
-    how = "least squares" if kv <= case.v_head_dim else f"min-norm (kv {kv} > {case.v_head_dim})"
+    nvis = int(vis.sum())
     j = int(np.nanargmax(np.abs(dp))) if np.isfinite(dp).any() else 0
-    how += f"; largest {dp[j]:+.1e} at kv {j} (oracle p {p[j]:.1e})"
+    largest = f"largest {dp[j]:+.1e} at kv {j}"
+    if report.row(backend).status == "pass":   # judged within its limit: nothing here is a bug
+        how = f"passes, within tolerance (rounding noise); {largest}"
+    else:
+        how = (f"least squares, {nvis} visible" if nvis <= case.v_head_dim
+               else f"min-norm, {nvis} visible")  # more columns than V has dims
+        how += f"; {largest} (oracle p {p[j]:.0e}); unexplained {resid:.0%}"
     return _finish(fig, f"{case.case_id}: {backend} error along KV",
-                   f"token {token} head {head} (request {b} row {i}); {how}; unexplained {resid:.0%}",
-                   showlegend=False)
+                   f"token {token} head {head} (request {b} row {i}); {how}", showlegend=False)
 
 
 def tree_mask(case, b: int = 0) -> go.Figure:

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT
+from conftest import DATA, ROOT
 from kdkit import bench_results, oracle, plots, synth, trees
 from kdkit.backends import torch_ref
+from kdkit.case import load
 from kdkit.compare import judge, metrics
 from kdkit.replay import replay
 
@@ -145,6 +146,7 @@ def test_kv_error_finds_a_missed_column():
     out, _, probs = oracle.run(case, with_probs=True)
     t, h = 4, 1
     P = probs[0].probs[t, h].copy()
+    vis = probs[0].visible[t]
     V = request_kv_v(case)
     bad = P.copy()
     bad[20 + 2] = 0
@@ -157,11 +159,49 @@ def test_kv_error_finds_a_missed_column():
 
     rep = replay(case, ["oracle", "torch"])
     rep.outputs["torch"] = torch.from_numpy(wrong)
+    rep.row("torch").status = "fail"                                       # what judging `wrong` says
     fig = plots.kv_error(case, rep, "torch", t, h)
-    np.testing.assert_allclose(np.asarray(fig.data[0].y), bad - P, atol=1e-9)
-    assert "token 4 head 1" in fig.layout.title.text and "least squares" in fig.layout.title.text
+    y = np.asarray(fig.data[0].y, dtype=float)
+    np.testing.assert_allclose(y[vis], (bad - P)[vis], atol=1e-9)
+    assert np.isnan(y[~vis]).all() and (~vis).sum() == 1                    # draft column 5: after token 4 in a chain
+    title = fig.layout.title.text
+    assert "token 4 head 1" in title and "least squares, 25 visible" in title
     assert fig.data[1].type == "heatmap"                                   # the row's mask under it
-    assert "largest -" in fig.layout.title.text and "at kv 22" in fig.layout.title.text
+    assert "largest -" in title and "at kv 22" in title and "unexplained 0%" in title
+
+
+def test_kv_error_of_a_passing_backend_leaves_masked_columns_out():
+    """ragged-bs4 through torch passes; its rounding noise used to be spread over every KV column,
+    masked ones included (columns 6-15 coloured, "unexplained 78%": it read like a mask leak)."""
+    case = load(DATA / "ragged-bs4.pt")
+    rep = replay(case, ["oracle", "torch"])
+    assert rep.row("torch").status == "pass"
+    fig = plots.kv_error(case, rep, "torch")
+    y = np.asarray(fig.data[0].y, dtype=float)
+    vis = np.asarray(fig.data[1].z)[0] > 0.5
+    assert (~vis).any() and np.isnan(y[~vis]).all()                        # no bar on a masked column
+    assert np.isfinite(y[vis]).all() and (y[vis] != 0).any()
+    assert all(c == plots.MASKED_COLOR for c in np.asarray(fig.data[0].marker.color)[~vis])
+    title = fig.layout.title.text
+    assert "within tolerance (rounding noise)" in title and "unexplained" not in title
+
+
+def test_implied_dp_over_the_visible_columns_shows_a_leak_as_unexplained():
+    """A backend that also weighs a masked column: the visible columns cannot explain its error."""
+    case = synth.make_case(prefix=20, q_len=6, heads=2, tree="chain", seed=1)
+    out, _, probs = oracle.run(case, with_probs=True)
+    t, h = 1, 0
+    P, vis = probs[0].probs[t, h].copy(), probs[0].visible[t]
+    leak = P.copy()
+    leak[20 + 4] = P.max()                                                 # draft column 4: masked for row 1
+    leak /= leak.sum()
+    wrong = out.copy()
+    wrong[t, h] = leak @ request_kv_v(case)
+    dp, _, resid = plots.implied_dp(case, wrong, out, t, h, visible=vis)
+    assert not vis[24] and np.isnan(dp[24]) and np.isfinite(dp[vis]).all()
+    assert resid > 0.5
+    with pytest.raises(ValueError, match="visible has shape"):
+        plots.implied_dp(case, wrong, out, t, h, visible=vis[:-1])
 
 
 def request_kv_v(case):
