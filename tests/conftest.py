@@ -27,12 +27,36 @@ def pytest_configure(config):
         "markers", "gpu: needs a CUDA GPU (skipped, with the reason, where torch.cuda is unavailable)")
 
 
+NO_GPU = "needs a CUDA GPU"   # how every skip for want of a GPU begins (_no_gpu_reason)
+
+
 def _no_gpu_reason() -> str | None:
     if torch.cuda.is_available():
         return None
     if torch.version.cuda is None:
-        return f"needs a CUDA GPU: this torch ({torch.__version__}) is a CPU-only build"
-    return f"needs a CUDA GPU: torch {torch.__version__} (CUDA {torch.version.cuda}) sees no device"
+        return f"{NO_GPU}: this torch ({torch.__version__}) is a CPU-only build"
+    return f"{NO_GPU}: torch {torch.__version__} (CUDA {torch.version.cuda}) sees no device"
+
+
+def _skip_reason(report) -> str:
+    lr = report.longrepr
+    text = lr[2] if isinstance(lr, tuple) and len(lr) == 3 else str(lr)
+    return text.removeprefix("Skipped: ")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """One short block of the skips that are not for want of a GPU: `make test` runs pytest -q
+    without -rs, and a missing browser or SGLang environment drowned among the GPU skips."""
+    other: dict[str, int] = {}
+    for rep in terminalreporter.stats.get("skipped", []):
+        reason = _skip_reason(rep)
+        if not reason.startswith(NO_GPU):
+            other[reason] = other.get(reason, 0) + 1
+    if not other:
+        return
+    terminalreporter.write_sep("-", f"kdkit: {sum(other.values())} skipped for another reason than no GPU")
+    for reason, n in sorted(other.items(), key=lambda kv: (-kv[1], kv[0])):
+        terminalreporter.write_line(f"{n:4d} x {reason}")
 
 
 def pytest_collection_modifyitems(config, items):
