@@ -22,6 +22,9 @@ def test_on_a_gpu():
 def test_skipped_for_want_of_a_gpu():
     pytest.skip("{NO_GPU}: torch sees no device")
 
+def test_the_kernel_unavailable():   # what kdkit.kernel.unavailable() says on a CPU machine
+    pytest.skip("cuda: no CUDA GPU: this torch (2.13.0+cpu) is a CPU-only build")
+
 @pytest.mark.parametrize("n", [1, 2])
 def test_in_a_browser(n):
     pytest.skip("no browser: chromium is not installed (apt-get install chromium)")
@@ -49,7 +52,7 @@ def test_other_skips_are_listed_with_their_reasons(tmp_path):
     lines = [ln.strip() for ln in block.splitlines()[1:3]]
     assert lines == ["2 x no browser: chromium is not installed (apt-get install chromium)",
                      "1 x no SGLang env: KDKIT_SGLANG_ENV is not set"], out
-    assert NO_GPU not in block.split("passed")[0]                           # the GPU skips stay out of it
+    assert "CUDA GPU" not in block.split("passed")[0]                       # the GPU skips stay out of it
 
 
 def test_gpu_skips_alone_print_no_block(tmp_path):
