@@ -100,6 +100,17 @@ def pick_shape(results: dict, bs: int | None = None, q_len: int | None = None, h
                      f"({results.get('date')}); measured (bs, q_len, heads): {shapes(results)}")
 
 
+def sweep_shape(results: dict, sweep: dict, bs: int | None = None, q_len: int | None = None,
+                heads: int | None = None) -> dict:
+    """The one (bs, q_len, heads) nsplit.ipynb draws: the sweep's (nsplit_sweep, the given values
+    already in it) when the run measured it; else the first measured shape matching the values
+    given (q_len 257 alone finds bs 4 in a run that measured bs 4, q_len 257)."""
+    mine = {k: sweep[k] for k in ("bs", "q_len", "heads")}
+    if tuple(mine.values()) in shapes(results):
+        return mine
+    return pick_shape(results, bs, q_len, heads)
+
+
 def shape_text(row: dict) -> str:
     return f"bs {row['bs']}, q_len {row['q_len']}, H {row['heads']}"
 
@@ -115,7 +126,8 @@ def best_nsplit(results: dict, **want) -> dict[int, tuple[int, float]]:
 
 def summary(results: dict, **want) -> list[dict]:
     """Per prefix of the matching shape: the automatic NSPLIT and its time, the best explicit one,
-    how far auto is from the best, and the speed-up over SGLang's Triton kernel."""
+    how far auto is from the best (its time over the best's, to 3 decimals: timings are not more
+    precise than that), and the speed-up over SGLang's Triton kernel."""
     best = best_nsplit(results, **want)
     out = []
     for r in sorted(select(results, backend="cuda", nsplit_auto=True, graph=False, **want),
@@ -123,19 +135,28 @@ def summary(results: dict, **want) -> list[dict]:
         b = best.get(r["prefix"])
         out.append({"prefix": r["prefix"], "auto_nsplit": r["nsplit"], "auto_us": r["us"],
                     "best_nsplit": b[0] if b else None, "best_us": b[1] if b else None,
-                    "auto_over_best": r["us"] / b[1] if b else None, "gbps": r["gbps"],
+                    "auto_over_best": round(r["us"] / b[1], 3) if b else None, "gbps": r["gbps"],
                     "roofline_frac": r["roofline_frac"], "speedup_vs_triton": r.get("speedup_vs_triton")})
     return out
 
 
-def nsplit_sweep(shape_set: str = "nsplit") -> dict:
-    """The sweep's defaults from kdkit/shapes.json: {"prefixes", "bs", "q_len", "heads"}."""
+def nsplit_sweep(shape_set: str = "nsplit", **override) -> dict:
+    """The sweep's defaults from kdkit/shapes.json: {"prefixes", "bs", "q_len", "heads"}; an
+    override (prefixes, bs, q_len, heads) that is not None replaces its default (nsplit.ipynb's
+    parameters: another shape of the committed run, a quick live run)."""
     from . import shapes
+    unknown = set(override) - {"prefixes", "bs", "q_len", "heads"}
+    if unknown:
+        raise TypeError(f"nsplit_sweep: no parameter {', '.join(sorted(unknown))} (prefixes, bs, q_len, heads)")
     rows = shapes.get(shape_set)
     one = {k: sorted({r[k] for r in rows}) for k in ("bs", "q_len", "heads")}
     if any(len(v) != 1 for v in one.values()):
         raise ValueError(f"shape set {shape_set!r} mixes {one}: an NSPLIT x prefix sweep is of one (bs, q_len, heads)")
-    return {"prefixes": sorted({r["prefix"] for r in rows}), **{k: v[0] for k, v in one.items()}}
+    sweep = {"prefixes": sorted({r["prefix"] for r in rows}), **{k: v[0] for k, v in one.items()}}
+    for k, v in override.items():
+        if v is not None:
+            sweep[k] = list(v) if k == "prefixes" else v
+    return sweep
 
 
 def measure(prefixes, bs: int = 1, q_len: int = 9, heads: int = 8, nsplits=(1, 2, 4, 8, 16, 32, 64),

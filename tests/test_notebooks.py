@@ -134,7 +134,9 @@ def test_nsplit_shows_committed_results_labelled(tmp_path):
     assert fixture["gpu"] in res["source"] and fixture["date"] in res["source"]
     auto = {r["prefix"]: r["nsplit"] for r in fixture["rows"]
             if r["backend"] == "cuda" and r["nsplit_auto"] and not r["graph"]}
-    assert {r["prefix"]: r["auto_nsplit"] for r in res["summary"]} == auto
+    assert {r["prefix"]: r["auto_nsplit"] for r in res["summary"]} == auto and res["shape"] == [1, 9, 8]
+    ratios = [r["auto_over_best"] for r in res["summary"] if r["auto_over_best"] is not None]
+    assert ratios and all(x == round(x, 3) for x in ratios)                # the table shows 1.032, not 1.0318142734
     assert set(res["figures"]) == {"gbps", "roofline", "lines", "backends", "graph"}
     assert all(fixture["gpu"] in t for t in res["figures"].values())   # every figure names the run
     assert len(outputs(nb, PLOTLY)) == 5
@@ -152,6 +154,26 @@ def test_nsplit_defaults_show_the_latest_committed_run(tmp_path):
     assert (res["gpu"], res["date"]) == (committed["gpu"], committed["date"])
     assert res["source"].startswith("committed results of the last GPU run") and latest.name in res["source"]
     assert len(outputs(nb, PLOTLY)) == 5 and res["summary"]
+
+
+def test_nsplit_another_shape_of_the_run(tmp_path):
+    """bs / q_len / heads parameters reach the other shapes of a run (the committed one measured
+    bs 8 and 32, q_len 64 and 257 beside the sweep's bs 1, q_len 9)."""
+    data = json.loads(FIXTURE.read_text())
+    extra = [{**r, "bs": 8, "us": round(r["us"] * 3, 2), "gbps": round(r["gbps"] * 2.5, 1)}
+             for r in data["rows"] if r["prefix"] in (8192, 32768)]
+    for r in extra:   # bs 8 fills the GPU sooner: its automatic NSPLIT is lower
+        if r["backend"] == "cuda" and r["nsplit_auto"]:
+            r["nsplit"] = max(1, r["nsplit"] // 4)
+    data["rows"] += extra
+    path = tmp_path / "two-shapes.json"
+    path.write_text(json.dumps(data))
+    nb, res, _ = execute("nsplit", tmp_path, results_path=str(path), live=False, bs=8)
+    assert res["shape"] == [8, 9, 8]
+    want = {r["prefix"]: r["nsplit"] for r in extra if r["backend"] == "cuda" and r["nsplit_auto"] and not r["graph"]}
+    assert {r["prefix"]: r["auto_nsplit"] for r in res["summary"]} == want
+    assert all("bs 8, q_len 9, H 8" in t for k, t in res["figures"].items()), res["figures"]
+    assert len(outputs(nb, PLOTLY)) == 5
 
 
 def _capture_dir(tmp_path):

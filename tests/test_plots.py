@@ -241,6 +241,38 @@ def test_bench_figures_from_the_fixture():
         plots.nsplit_heatmap(results, bs=64)
 
 
+def test_bench_figures_read_at_small_fractions():
+    """The roofline heatmap's cells keep one decimal (most of a small-batch sweep is below 0.5%,
+    which '.0%' wrote as 0%), its colour bar says what it is; the GB/s lines are on a log axis, so
+    the device copy line (often 10x the kernel's GB/s) does not squeeze them to the bottom."""
+    results = bench_results.load(FIXTURE)
+    roof = plots.nsplit_heatmap(results, "roofline_frac")
+    assert roof.data[0].texttemplate == "%{z:.1%}" and roof.data[0].colorbar.title.text == "fraction of roofline"
+    assert plots.nsplit_heatmap(results, "gbps").data[0].colorbar.title.text == "GB/s"
+    lines = plots.nsplit_lines(results)
+    assert lines.layout.yaxis.type == "log"
+    assert [s.y0 for s in lines.layout.shapes] == [results["copy_gbps"]]
+    assert any(f"copy {results['copy_gbps']:.0f} GB/s" in a.text for a in lines.layout.annotations)
+    summary = bench_results.summary(results, bs=1, q_len=9, heads=8)
+    ratios = [r["auto_over_best"] for r in summary if r["auto_over_best"] is not None]
+    assert ratios and all(x == round(x, 3) for x in ratios)
+
+
+def test_sweep_shape_takes_the_parameters_given():
+    results = bench_results.load(FIXTURE)
+    rows = [{**r, "bs": 4, "q_len": 257} for r in results["rows"] if r["prefix"] == 8192]
+    two = {**results, "rows": results["rows"] + rows}
+    default = bench_results.nsplit_sweep("nsplit")
+    assert bench_results.sweep_shape(two, default) == {"bs": 1, "q_len": 9, "heads": 8}
+    q257 = bench_results.nsplit_sweep("nsplit", q_len=257, prefixes=[8192])
+    assert q257["q_len"] == 257 and q257["bs"] == default["bs"] and q257["prefixes"] == [8192]
+    assert bench_results.sweep_shape(two, q257, q_len=257) == {"bs": 4, "q_len": 257, "heads": 8}
+    with pytest.raises(ValueError, match="no shape bs=None q_len=64"):
+        bench_results.sweep_shape(two, bench_results.nsplit_sweep(q_len=64), q_len=64)
+    with pytest.raises(TypeError, match="no parameter batch"):
+        bench_results.nsplit_sweep(batch=8)
+
+
 def test_bench_results_errors_name_the_field(tmp_path):
     data = json.loads(FIXTURE.read_text())
     data["rows"][3]["gbps"] = "fast"
