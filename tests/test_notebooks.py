@@ -213,6 +213,7 @@ def test_capture_dir_of_failing_cases_replays_the_first_loadable(tmp_path):
     assert res["replayed"] == "mask-indptr-sliced.pt"
     text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert "replaying mask-indptr-sliced.pt" in text
+    assert outputs(nb, WIDGET)                                          # tqdm's bar, a widget in the kernel
     metrics = [f for f in outputs(nb, PLOTLY) if "backends vs oracle" in f["layout"]["title"]["text"]]
     assert metrics and "mask-indptr-sliced" in metrics[0]["layout"]["title"]["text"]
 
