@@ -27,7 +27,7 @@ import json
 import re
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -43,10 +43,15 @@ SLEEP_CYCLES = 500_000  # ~250 us at 2 GHz: longer than run()'s host work, so th
 
 @dataclass(frozen=True)
 class Shape:
+    """One benchmarked shape: every request of the batch has the same prefix and q_len."""
     bs: int
     prefix: int
     q_len: int
     heads: int = 8
+    # the synthetic case's draft tree (kdkit.synth.TREES) and data seed: how the case is made,
+    # not which shape it is (a result row is named by bs, prefix, q_len, heads)
+    tree: str = field(default="ddtree", compare=False)
+    seed: int = field(default=0, compare=False)
 
     @property
     def label(self) -> str:
@@ -60,10 +65,20 @@ class Shape:
         return 2 * self.bs * self.q_len * self.heads * (self.prefix + self.q_len) * (D + DV)
 
 
-def grid(quick: bool = False) -> list[Shape]:
-    """The "bench" set of kdkit/shapes.json (issue 9's grid), or "bench-quick"."""
-    return [Shape(s["bs"], s["prefix"], s["q_len"], s["heads"])
-            for s in _shapes.get("bench-quick" if quick else "bench")]
+def grid(quick: bool = False, path=_shapes.PATH) -> list[Shape]:
+    """The "bench" set of kdkit/shapes.json (issue 9's grid), or "bench-quick". A ragged shape
+    (prefix or q_len given per request) is refused with a ShapeError naming the set and the
+    shape: the bytes, FLOPs and result rows of a benchmark describe one prefix and one q_len."""
+    name = "bench-quick" if quick else "bench"
+    out = []
+    for i, s in enumerate(_shapes.get(name, path)):
+        ragged = [k for k in ("prefix", "q_len") if isinstance(s[k], list)]
+        if ragged:
+            raise _shapes.ShapeError(
+                f"set {name!r} shape {i} ({s['name']}): {' and '.join(ragged)} given per request; "
+                "kdkit bench times batches whose requests share one prefix and one q_len (give an int)")
+        out.append(Shape(s["bs"], s["prefix"], s["q_len"], s["heads"], s["tree"], s["seed"]))
+    return out
 
 
 # ---- the machine's ceilings --------------------------------------------------------------------
@@ -137,10 +152,11 @@ def mma_tflops(timer: Timer, device) -> float:
 
 
 # ---- the backends, each a launch-only closure over device tensors ------------------------------
-def make_case(shape: Shape, seed: int = 1):
+def make_case(shape: Shape):
+    """The shape's synthetic case, its tree and seed included; no spare or poisoned pool rows."""
     return _shapes.make_case({"bs": shape.bs, "prefix": shape.prefix, "q_len": shape.q_len,
-                              "heads": shape.heads, "tree": "ddtree"},
-                             seed=seed, spare_rows=0, poison_unused=False)
+                              "heads": shape.heads, "tree": shape.tree, "seed": shape.seed},
+                             spare_rows=0, poison_unused=False)
 
 
 def cuda_launcher(case, x, nsplit=None):

@@ -29,6 +29,7 @@ import torch
 
 from . import shapes
 from .case import Case
+from .constants import KV_LORA_RANK, QK_DIM
 from .kernel import schedule
 from .layout import to_unified
 
@@ -36,16 +37,16 @@ SET = "probes"
 BUNDLED = ("probe-seed", "probe-ragged", "probe-causal", "probe-8k")   # committed; the others generated
 SPLITS = (2, 3, 4, 8, 16, 32, 64, 128, 256)  # split counts whose boundaries get heavy keys too
 FRACTIONS = (1 / 4, 1 / 3, 1 / 2, 2 / 3, 3 / 4)
-SM_COUNT = 132  # the kernel's split count on an H200 is among the boundaries probed
 # a heavy key's logit exceeds the rest by ~ln(kv_len): it holds about half of the row's mass
 Q_NORM = 1.0    # x 1/sm_scale: a heavy row's q; its logits against random keys stay ~N(0, 0.6^2)
 
 
 def _direction(gen: torch.Generator) -> torch.Tensor:
-    """A random unit vector of 576 dims, 2/3 of a dot product with itself in the 64 rope dims."""
-    u = torch.randn(576, generator=gen, dtype=torch.float64)
-    u[:512] *= 0.5
-    u[512:] *= 2.0
+    """A random unit vector of QK_DIM (576) dims, 2/3 of a dot product with itself in the 64 rope
+    dims (the latent's 512 scaled by 0.5, the rope's 64 by 2)."""
+    u = torch.randn(QK_DIM, generator=gen, dtype=torch.float64)
+    u[:KV_LORA_RANK] *= 0.5
+    u[KV_LORA_RANK:] *= 2.0
     return u / u.norm()
 
 
@@ -53,7 +54,7 @@ def split_boundaries(kv_len: int, nsplits) -> list[int]:
     """The first KV position of every split but the first, over the given split counts."""
     out = set()
     for ns in nsplits:
-        span = schedule.cdiv(schedule.cdiv(kv_len, ns), schedule.BLOCK_N) * schedule.BLOCK_N
+        span = schedule.split_span(kv_len, ns)
         out.update(range(span, kv_len, span))
     return sorted(out)
 
@@ -127,7 +128,7 @@ def make(name: str) -> Case:
     shape = shapes.find(SET, name)
     layout = shape.pop("layout", "sglang")
     case = shapes.make_case({**shape, "layout": "sglang"})
-    planted = plant(case, int(shape.get("seed", 0)), default_nsplit(case, SM_COUNT))
+    planted = plant(case, int(shape.get("seed", 0)), default_nsplit(case, schedule.H200_SM_COUNT))
     heavy = sum(len(r) for r in planted)
     case.meta.update(case_id=name, note=(
         f"SYNTHETIC PROBE (kdkit.probes, seed {shape.get('seed', 0)}; not captured from a server): {heavy} heavy KV positions (each draft token for "

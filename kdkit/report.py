@@ -352,14 +352,6 @@ def write_report(reports, path: str | os.PathLike, force: bool = False, sources:
     return target
 
 
-def expand_cases(paths) -> list[Path]:
-    """Case files from files and directories (a directory: every *.pt below it, sorted)."""
-    out = []
-    for p in map(Path, paths):
-        out += sorted(p.rglob("*.pt"), key=lambda q: str(q.relative_to(p))) if p.is_dir() else [p]
-    return out
-
-
 def is_report_dir(out: str | os.PathLike) -> bool:
     """--out names a directory (per-case pages + index.html): an existing one, or a name without a
     suffix; anything else is one report file (.html/.md; another suffix is refused)."""

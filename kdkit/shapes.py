@@ -2,7 +2,8 @@
 named shapes, the benchmark grid (and its quick subset), the notebooks' defaults.
 
     from kdkit import shapes
-    shapes.names()                      # ['bundled', 'gpu-tests', 'bench', 'bench-quick', 'nsplit']
+    shapes.names()                      # ['bundled', 'probes', 'gpu-tests', 'gpu-graph-replay',
+                                        #  'gpu-selfcheck', 'bench', 'bench-quick', 'nsplit']
     for s in shapes.get("bench-quick"): # dicts: name, bs, prefix, q_len, heads, tree, seed (+ extras)
         case = shapes.make_case(s)      # kdkit.synth.make_case with those values
     shapes.find("gpu-tests", "mutants") # one shape by name
@@ -10,7 +11,7 @@ named shapes, the benchmark grid (and its quick subset), the notebooks' defaults
 prefix and q_len are an int (every request) or a list (one per request). A set in the file lists
 shapes, or gives a grid (every combination of bs, prefix, q_len, heads, less those over the set's
 limits: kv_rows = the batch's prefix rows, scores = q rows x heads x KV length) plus optional
-extra shapes.
+extra shapes; a set's "defaults" fill the keys its shapes leave out (over the file's "defaults").
 The file is checked when read: a wrong key or value raises ShapeError naming the set and the shape.
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ REQUIRED = ("bs", "prefix", "q_len", "heads", "tree")
 OPTIONAL = ("name", "seed", "layout", "magnitude", "logit_cap")
 GRID_KEYS = ("bs", "prefix", "q_len", "heads")  # a grid's axes, expanded in this order
 LIMITS = ("kv_rows", "scores")                  # what a grid's "limits" may bound
+SET_KEYS = ("doc", "defaults", "grid", "limits", "shapes")  # what a set may hold
 
 
 class ShapeError(ValueError):
@@ -59,6 +61,9 @@ def _check(where: str, s: dict) -> dict:
 
 
 def _expand(set_name: str, spec: dict, defaults: dict) -> list[dict]:
+    bad_keys = sorted(set(spec) - set(SET_KEYS))
+    if bad_keys:
+        raise ShapeError(f"set {set_name!r}: unknown key(s) {bad_keys}; a set has {list(SET_KEYS)}")
     rows = []
     grid = spec.get("grid")
     if grid is not None:
@@ -78,7 +83,7 @@ def _expand(set_name: str, spec: dict, defaults: dict) -> list[dict]:
         raise ShapeError(f"set {set_name!r}: neither a grid nor shapes")
     out = []
     for i, row in enumerate(rows):
-        s = {**defaults, **row}
+        s = {**defaults, **spec.get("defaults", {}), **row}
         name = s.get("name") or label(s)
         out.append(_check(f"set {set_name!r} shape {i} ({name})", {**s, "name": name}))
     names = [s["name"] for s in out]
@@ -122,10 +127,15 @@ def find(set_name: str, shape_name: str, path: str | Path = PATH) -> dict:
                    f"choose from {', '.join(s['name'] for s in get(set_name, path))}")
 
 
+def per_request(shape: dict, key: str) -> list[int]:
+    """A shape's prefix or q_len as one value per request (an int stands for every request)."""
+    v = shape[key]
+    return list(v) if isinstance(v, list) else [v] * shape["bs"]
+
+
 def size(shape: dict) -> dict:
     """kv_rows: the batch's prefix rows; scores: q rows x heads x KV length, over the batch."""
-    per = lambda v: v if isinstance(v, list) else [v] * shape["bs"]  # noqa: E731
-    prefix, q_len = per(shape["prefix"]), per(shape["q_len"])
+    prefix, q_len = per_request(shape, "prefix"), per_request(shape, "q_len")
     return {"kv_rows": sum(prefix),
             "scores": sum(q * shape.get("heads", 1) * (p + q) for p, q in zip(prefix, q_len))}
 
@@ -152,4 +162,4 @@ def make_case(shape: dict, **overrides):
     return synth.make_case(**kw)
 
 
-__all__ = ["PATH", "ShapeError", "names", "get", "find", "label", "size", "make_case"]
+__all__ = ["PATH", "ShapeError", "names", "get", "find", "label", "per_request", "size", "make_case"]

@@ -6,8 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
-from kdkit import bench, bench_results
+from kdkit import bench, bench_results, shapes
 from kdkit.cli import main
 
 RESULTS = sorted(Path(bench.RESULTS).glob("*.json"))
@@ -55,3 +56,35 @@ def test_bad_arguments_exit_2_before_the_gpu(argv, capsys):
     assert rc == 2
     err = capsys.readouterr().err
     assert err.strip() and "Traceback" not in err
+
+
+def _shapes_file(tmp_path, bench_set):
+    doc = {"format": "kdkit-shapes", "version": 1, "defaults": {"heads": 8, "tree": "ddtree", "seed": 0},
+           "sets": {"bench": bench_set, "bench-quick": bench_set}}
+    path = tmp_path / "shapes.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_a_ragged_bench_shape_is_refused_by_name(tmp_path):
+    """A per-request prefix or q_len has no one byte count or row in the results: refused with the
+    shapes module's error naming the set and the shape, not a TypeError deep in the arithmetic."""
+    path = _shapes_file(tmp_path, {"shapes": [{"bs": 1, "prefix": 21, "q_len": 9},
+                                              {"name": "ragged", "bs": 2, "prefix": [21, 300], "q_len": 9}]})
+    for quick in (False, True):
+        with pytest.raises(shapes.ShapeError, match=r"set 'bench(-quick)?' shape 1 \(ragged\): prefix given per request"):
+            bench.grid(quick, path=path)
+
+
+def test_a_bench_shape_keeps_its_tree_and_seed(tmp_path):
+    path = _shapes_file(tmp_path, {"defaults": {"seed": 5}, "shapes": [
+        {"bs": 1, "prefix": 40, "q_len": 9, "tree": "chain"}, {"name": "other", "bs": 1, "prefix": 40, "q_len": 9, "seed": 6}]})
+    chain, other = bench.grid(path=path)
+    assert (chain.tree, chain.seed, other.tree, other.seed) == ("chain", 5, "ddtree", 6)
+    case = bench.make_case(chain)
+    assert case.custom_mask is not None
+    want = shapes.make_case({"bs": 1, "prefix": 40, "q_len": 9, "heads": 8, "tree": "chain", "seed": 5})
+    assert torch.equal(case.q, want.q)      # the seed reached the data
+    assert torch.equal(case.custom_mask, want.custom_mask)  # and the tree the mask
+    # the committed grid: tree and seed as kdkit bench has always made them (ddtree, seed 1)
+    assert {(s.tree, s.seed) for s in bench.grid() + bench.grid(quick=True)} == {("ddtree", 1)}

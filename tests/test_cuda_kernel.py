@@ -139,11 +139,9 @@ def test_cuda_graph_replay(max_q_len):
     """Capture run() once; copy new inputs of the same shape into the bound tensors; replay.
     The replays change the data, the prefix lengths and (max_q_len=None only) how the T tokens
     are split among the requests; bs, T, the total prefix and the pool size stay fixed."""
-    shapes = [([300, 1200], [9, 9], 11), ([1200, 300], [9, 9], 12), ([750, 750], [9, 9], 13)]
-    if max_q_len is None:
-        shapes += [([800, 700], [1, 17], 14), ([0, 1500], [17, 1], 15)]
-    cases = [synth.make_case(bs=2, prefix=p, q_len=q, tree="ddtree", seed=s, spare_rows=0,
-                             index_dtype=torch.int64) for p, q, s in shapes]
+    replays = [s for s in shapes.get("gpu-graph-replay")
+               if max_q_len is None or max(shapes.per_request(s, "q_len")) <= max_q_len]
+    cases = [shapes.make_case(s, spare_rows=0, index_dtype=torch.int64) for s in replays]
     assert len({c.kv_buffer.shape[0] for c in cases}) == 1
     x = _padded_metadata(cases[0], max(c.custom_mask.numel() for c in cases))
     c0 = cases[0]
@@ -174,7 +172,7 @@ def _another_layer(case, seed):
 
 def test_one_plan_many_layers():
     """SGLang plans once per step and runs every layer: each layer's own q/k/v/pool and output."""
-    base = synth.make_case(bs=2, prefix=[40, 900], q_len=9, tree="ddtree", seed=20, poison_unused=False)
+    base = _named("many-layers", poison_unused=False)
     cases = [base] + [_another_layer(base, 21 + i) for i in range(2)]
     xs = [cuda.to_device(c) for c in cases]
     p = cuda.plan_case(cases[0], xs[0])

@@ -3,12 +3,16 @@ the judge (kdkit.compare) must fail it on every bundled case and every probe whe
 bugs of issue 8 are caught at every prefix length. A judge that passes a mutant is broken."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
 from kdkit import bundled, kernel, mutants, probes, synth, trials
 from kdkit.backends import torch_ref
 from kdkit.case import load
+from kdkit.kernel import jit, spec
+from kdkit.kernel import mutants as kernel_mutants
 from kdkit.layout import draft_visibility, request_kv
 
 from conftest import DATA
@@ -20,6 +24,40 @@ def test_registry_is_the_kernels():
     """One list of bugs for the CPU and the GPU: the kernel's registry has exactly these names."""
     assert set(mutants.MUTANTS) == set(kernel.MUTANTS)
     assert len(mutants.MUTANTS) >= 10 and all(d.strip() for d in mutants.MUTANTS.values())
+
+
+def test_one_entry_per_mutant_holds_its_hooks():
+    """kdkit/mutants.py is the one registry: the kernel's build defines are its entry's hooks, and
+    each hook is one that cuda/kd_mutants.cuh declares."""
+    cuh = (jit.CUDA_DIR / "kd_mutants.cuh").read_text()
+    for name, m in mutants.REGISTRY.items():
+        assert m.what == mutants.MUTANTS[name] and m.hooks, name
+        assert kernel_mutants.defines(name) == m.hooks
+        for hook in m.hooks:
+            assert re.search(rf"#ifndef\s+{re.escape(hook.split('(')[0])}\b", cuh), (name, hook)
+    assert kernel_mutants.defines(None) == {}
+
+
+def test_hooks_are_written_with_the_kernels_macros():
+    """A hook restates none of the kernel's numbers (tile rows, latent or rope dims): it names the
+    macro, which the .cu or the build's defines provide where the hook expands."""
+    src = "".join((jit.CUDA_DIR / f).read_text() for f in ("mla_tc.cu", "kd_common.cuh"))
+    defined = set(re.findall(r"#define\s+(KD_\w+)", src)) | set(spec.KernelConfig().defines())
+    for name, m in mutants.REGISTRY.items():
+        for hook, text in m.hooks.items():
+            assert not re.search(r"\b(16|32|64|512|576)\b", text), f"{name}: {hook} = {text} restates a number"
+            for macro in re.findall(r"\bKD_\w+", text):
+                assert macro in defined, f"{name}: {macro} is not defined for the build"
+
+
+def test_unknown_mutant_is_one_error_for_torch_and_cuda():
+    """The same ValueError, naming the choices, from the torch backend and the kernel's build."""
+    want = f"mutant 'no-such-bug' is not registered; choose from {', '.join(mutants.MUTANTS)}"
+    with pytest.raises(ValueError) as on_torch:
+        torch_ref.run(synth.seed_shape(), mutant="no-such-bug")
+    with pytest.raises(ValueError) as on_cuda:
+        spec.KernelConfig(mutant="no-such-bug")
+    assert str(on_torch.value) == str(on_cuda.value) == want
 
 
 def test_bundle_holds_the_probes():

@@ -33,7 +33,6 @@ from ..layout import request_kv
 from . import Result
 
 NAME = "torch"
-SM_COUNT = 132  # an H200's: the split count the kernel would choose there
 
 
 def unavailable(case=None):
@@ -65,10 +64,10 @@ def _queries(case, qs: int, qe: int, mutant, device) -> torch.Tensor:
 
 def split_bounds(kv_len: int, nsplit: int) -> list[tuple[int, int]]:
     """[(begin, end)) of each non-empty split of a request's KV, as the kernel cuts it: every split
-    but the last holds cdiv(cdiv(kv_len, nsplit), 32) tiles of 32 rows."""
+    but the last holds schedule.split_span(kv_len, nsplit) rows."""
     if kv_len <= 0:
         return []
-    span = schedule.cdiv(schedule.cdiv(kv_len, nsplit), schedule.BLOCK_N) * schedule.BLOCK_N
+    span = schedule.split_span(kv_len, nsplit)
     return [(s, min(kv_len, s + span)) for s in range(0, kv_len, span)]
 
 
@@ -168,7 +167,7 @@ def _request(case, b, device, p_bf16, chunk_elems, nsplit, mutant):
     return qs, qe, out, lse
 
 
-def default_nsplit(case, sm_count: int = SM_COUNT) -> int:
+def default_nsplit(case, sm_count: int = schedule.H200_SM_COUNT) -> int:
     """The kernel's split count for this case's shape on `sm_count` SMs (kdkit.kernel.schedule)."""
     rows = max(case.q_lens, default=0) * case.num_heads
     kv_lens = [int(pf) + n for pf, n in zip(case.prefix_lens.tolist(), case.q_lens)]

@@ -36,6 +36,7 @@ import torch
 
 from .. import sglang_source  # imports no triton: the interpreter switch must come first
 from ..case import CaseError
+from ..constants import prefix_of
 from ..layout import to_sglang
 from . import BackendUnavailable, Result
 
@@ -75,7 +76,8 @@ def _check_launchable(case) -> None:
     kvp, qo, mip = (t.long().tolist() for t in (case.kv_indptr, case.qo_indptr, case.mask_indptr))
     n_mask = case.custom_mask.numel()
     for b in range(bs):
-        prefix, q_len = kvp[b + 1] - kvp[b], qo[b + 1] - qo[b]
+        q_len = qo[b + 1] - qo[b]
+        prefix = prefix_of("sglang", kvp[b + 1] - kvp[b], q_len)  # the case is in the sglang layout here
         need = mip[b] + q_len * (prefix + q_len)
         if need > n_mask:
             raise CaseError("custom_mask", f"request {b} reads mask[{mip[b]}:{need}] "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..constants import LAYOUTS, kv_indices_len
+from ..constants import KV_INDICES_COVER, LAYOUTS, kv_indices_len, prefix_of
 from .spec import DL, DR
 
 D = DL + DR
@@ -73,16 +73,15 @@ def read_sizes(m, values: bool = True) -> dict:
         require(int(kvp[0]) == 0 and bool((pool_lens >= 0).all()) and int(kvp[-1]) <= m.kv_indices.numel(),
                 "kv_indptr", f"must rise from 0 to at most len(kv_indices)={m.kv_indices.numel()}")
     pfx = m.prefix_lens.long().cpu() if m.prefix_lens is not None else None
-    if m.layout == "unified":
-        if values:
-            require(bool((pool_lens == kv_indices_len("unified", pfx, q_lens)).all()), "kv_indices",
-                    "unified layout: each request needs prefix + q_len indices (prefix + out_cache_loc); "
-                    "kv_indices covering only the prefix is the seed's bug (run `kdkit inspect`)")
-        prefix = pfx
-    else:
-        if values and pfx is not None:
-            require(bool((pool_lens == pfx).all()), "kv_indptr", "sglang layout: kv_indptr must span each prefix")
-        prefix = pool_lens
+    if values and pfx is not None:  # unified always has prefix_lens (check_metadata)
+        why = {"unified": "(prefix + out_cache_loc); kv_indices covering only the prefix is the seed's bug "
+                          "(run `kdkit inspect`)",
+               "sglang": "(kv_indptr must span each prefix_lens entry)"}[m.layout]
+        require(bool((pool_lens == kv_indices_len(m.layout, pfx, q_lens)).all()),
+                "kv_indices" if m.layout == "unified" else "kv_indptr",
+                f"{m.layout} layout: each request's kv_indices cover {KV_INDICES_COVER[m.layout]} {why}")
+    # the committed prefix: unified reads it from prefix_lens, sglang from what kv_indices cover
+    prefix = pfx if m.layout == "unified" else prefix_of(m.layout, pool_lens, q_lens)
     used = m.kv_indices[: int(kvp[-1])]
     pool_rows = int(used.max()) + 1 if used.numel() else 0
     if values and used.numel():

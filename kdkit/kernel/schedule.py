@@ -2,14 +2,26 @@
 and the SM count alone (no timing at plan time, so graph replay makes the same choice)."""
 from __future__ import annotations
 
-from .spec import MAX_SPLITS, MERGE_GROUPS, MERGE_THREADS, NT_CHOICES
+from .spec import DL, MAX_SPLITS, MERGE_GROUPS, MERGE_THREADS, NT_CHOICES
 
 BLOCK_N = 32            # KV rows per pipeline step (kd_meta_block_n; checked against the build)
 WORKSPACE_LIMIT = 512 << 20  # fp32 partials beyond this are not worth the merge: fewer splits
+# The SM count of the GPU that the CPU side models: an H200's 132 SMs, the GPU the probes' split
+# boundaries (kdkit.probes) and the torch reference's default split count (the split count the
+# kernel chooses there) are built for. A live plan asks the device instead.
+H200_SM_COUNT = 132
 
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def split_span(kv_len: int, nsplit: int) -> int:
+    """KV rows in each split of a request but the last: its kv_len cut into nsplit spans, each
+    rounded up to whole BLOCK_N-row tiles (so fewer than nsplit splits may be non-empty). The
+    torch reference and the probes use this; the kernel's .cu (kd_mla_tc_partial) keeps its own
+    copy of the formula in C++, which a test compares with this one."""
+    return cdiv(cdiv(kv_len, nsplit), BLOCK_N) * BLOCK_N
 
 
 def choose_nt(rows: int) -> int:
@@ -37,7 +49,7 @@ def choose_nsplit(bs: int, blocks_per_request: int, max_kv_len: int, sm_count: i
     fewer splits (less workspace); the workspace stays bounded."""
     steps = max(1, cdiv(max_kv_len, BLOCK_N))
     per_split = max(1, bs * blocks_per_request)
-    by_ws = max(1, WORKSPACE_LIMIT // max(1, total_rows * 512 * 4))
+    by_ws = max(1, WORKSPACE_LIMIT // max(1, total_rows * DL * 4))  # fp32 partial rows of DL dims
     best, best_cost = 1, None
     for ns in range(1, min(MAX_SPLITS, steps, by_ws) + 1):
         waves = cdiv(per_split * ns, sm_count)

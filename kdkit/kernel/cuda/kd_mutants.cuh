@@ -1,6 +1,6 @@
 // Hooks for the mutants: deliberately wrong builds that the judge must catch (negative controls).
 // The production kernel calls every hook below; each default is the identity. A mutant is one
-// registry line in kdkit/kernel/mutants.py that redefines one hook with -D'HOOK(args)=expr'.
+// registry entry in kdkit/mutants.py that redefines one hook with -D'HOOK(args)=expr'.
 // Nothing else in the kernel changes, so a mutant differs from production by exactly one thing.
 #pragma once
 
