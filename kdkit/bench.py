@@ -266,8 +266,10 @@ def run_grid(shapes, backends=BACKENDS, nsplits=(), graph=True, progress=True, d
                                            host_us=timer.host_us(fn)))
                     if graph:
                         shape_rows.append(_row(b, shape, timer.us(graph_of(fn)), ceil, p.nsplit, True, True))
+                    from .kernel import schedule
+                    steps = schedule.cdiv(shape.prefix + shape.q_len, schedule.BLOCK_N)
                     for ns in nsplits:
-                        if ns > (shape.prefix + shape.q_len + 31) // 32 or ns == p.nsplit:
+                        if ns > steps or ns == p.nsplit:  # more splits than KV steps: empty splits
                             continue
                         fn2, p2 = cuda_launcher(case, x, nsplit=ns)
                         shape_rows.append(_row(b, shape, timer.us(fn2), ceil, p2.nsplit))
