@@ -35,3 +35,32 @@ def test_sizes_follow_the_layout_rule(layout):
     with pytest.raises(InputError, match=re.escape(f"field '{field}': {layout} layout: each request's "
                                                    f"kv_indices cover {KV_INDICES_COVER[layout]} (")):
         read_sizes(_metadata(case, prefix_lens=wrong, custom_mask=None, mask_indptr=None))
+
+
+def test_a_layers_tensors_land_in_their_own_fields():
+    """run() binds each layer's pointers and strides by field name (no GPU: CPU tensors have
+    pointers and strides too); distinct strides everywhere, so a swapped pair cannot pass."""
+    import numpy as np
+    import torch
+
+    from kdkit.kernel import params
+    from kdkit.kernel.api import layer_args
+    T, H = 3, 2
+    q = torch.empty(T, H + 1, 576)[:, :H]           # head stride 576, token stride 3 * 576
+    k = torch.empty(T, 1, 600)[..., :576]
+    v = torch.empty(T, 1, 520)[..., :512]
+    kv = torch.empty(7, 1, 580)[..., :576]
+    out = torch.empty(T, H + 2, 512)[:, :H]
+    lse = torch.empty(T, H)
+    base = params.pack(num_heads=H, nsplit=4, sm_scale=0.5)
+    a = layer_args(base, q, k, v, kv, out, lse)
+    want = {"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "kv_buf": kv.data_ptr(),
+            "out": out.data_ptr(), "lse": lse.data_ptr(), "q_stride_tok": 3 * 576, "q_stride_head": 576,
+            "k_stride_tok": 600, "v_stride_tok": 520, "kv_stride_row": 580, "out_stride_tok": 4 * 512,
+            "out_stride_head": 512}
+    assert set(want) == set(params.PER_LAYER)
+    for name, value in want.items():
+        assert int(a[name][0]) == value, name
+    # the plan's own fields are kept, and the plan's array is not written
+    assert int(a["num_heads"][0]) == H and int(a["nsplit"][0]) == 4 and float(a["sm_scale"][0]) == 0.5
+    assert int(base["q"][0]) == 0 and np.count_nonzero(base.view(np.int64)[:len(params.PER_LAYER)]) == 0

@@ -186,13 +186,9 @@ def _torch_stream():
     return cs
 
 
-def run(p: Plan, q, k, v, kv_buffer, out=None, lse=None):
-    """Launch on one layer's tensors (graph-capturable). Returns (out, lse): the given buffers,
-    or the plan's own (overwritten by the next run)."""
-    check_tensors(p, q, k, v, kv_buffer, out, lse)
-    out = p.out if out is None else out
-    lse = p.lse if lse is None else lse
-    a = p._args.copy()
+def layer_args(args: np.ndarray, q, k, v, kv_buffer, out, lse) -> np.ndarray:
+    """A copy of a plan's packed KdParams with one layer's tensors bound (pointers and strides)."""
+    a = args.copy()
     layer = {"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "kv_buf": kv_buffer.data_ptr(),
              "out": out.data_ptr(), "lse": lse.data_ptr(), "q_stride_tok": q.stride(0),
              "q_stride_head": q.stride(1), "k_stride_tok": k.stride(0), "v_stride_tok": v.stride(0),
@@ -201,6 +197,16 @@ def run(p: Plan, q, k, v, kv_buffer, out=None, lse=None):
     # params.PER_LAYER are the struct's first slots, 8 bytes each: one assignment, in the struct's
     # own order (a field renamed or moved there is a KeyError here, never a swapped pointer)
     a.view(np.int64)[:len(params.PER_LAYER)] = tuple(layer[name] for name in params.PER_LAYER)
+    return a
+
+
+def run(p: Plan, q, k, v, kv_buffer, out=None, lse=None):
+    """Launch on one layer's tensors (graph-capturable). Returns (out, lse): the given buffers,
+    or the plan's own (overwritten by the next run)."""
+    check_tensors(p, q, k, v, kv_buffer, out, lse)
+    out = p.out if out is None else out
+    lse = p.lse if lse is None else lse
+    a = layer_args(p._args, q, k, v, kv_buffer, out, lse)
     if p.num_tokens == 0:
         return out, lse
     with _torch_stream():
