@@ -227,6 +227,22 @@ def torch_launcher(case):
 
 
 # ---- the run -------------------------------------------------------------------------------------
+def swept_nsplits(shape: Shape, nsplits, auto: int | None = None) -> list[int]:
+    """The fixed split counts the sweep times for `shape`: those of `nsplits` other than the
+    automatic one, at most one per KV step (more would leave splits empty), and whose fp32
+    workspace (splits x rows x DL x 4 bytes) stays within the planner's bound (kernel.plan refuses
+    the rest with an InputError, which is no measurement)."""
+    from .kernel import schedule, spec
+    steps = schedule.cdiv(shape.prefix + shape.q_len, schedule.BLOCK_N)
+    rows = shape.bs * shape.q_len * shape.heads
+    return [ns for ns in nsplits if ns != auto and ns <= steps
+            and (ns == 1 or ns * rows * spec.DL * 4 <= schedule.WORKSPACE_LIMIT)]
+
+
+def _why(e: Exception) -> str:
+    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+
+
 def _row(backend, shape, us, ceil, nsplit=None, auto=False, graph=False, host_us=None):
     floor = max(shape.nbytes() / ceil["copy_gbps"] / 1e3, shape.flops() / ceil["mma_tflops"] / 1e6)
     return {"backend": backend, "bs": shape.bs, "prefix": shape.prefix, "q_len": shape.q_len,
@@ -266,13 +282,12 @@ def run_grid(shapes, backends=BACKENDS, nsplits=(), graph=True, progress=True, d
                                            host_us=timer.host_us(fn)))
                     if graph:
                         shape_rows.append(_row(b, shape, timer.us(graph_of(fn)), ceil, p.nsplit, True, True))
-                    from .kernel import schedule
-                    steps = schedule.cdiv(shape.prefix + shape.q_len, schedule.BLOCK_N)
-                    for ns in nsplits:
-                        if ns > steps or ns == p.nsplit:  # more splits than KV steps: empty splits
-                            continue
-                        fn2, p2 = cuda_launcher(case, x, nsplit=ns)
-                        shape_rows.append(_row(b, shape, timer.us(fn2), ceil, p2.nsplit))
+                    for ns in swept_nsplits(shape, nsplits, auto=p.nsplit):
+                        try:  # one split count failing keeps the shape's other rows
+                            fn2, p2 = cuda_launcher(case, x, nsplit=ns)
+                            shape_rows.append(_row(b, shape, timer.us(fn2), ceil, p2.nsplit))
+                        except Exception as e:
+                            skipped[f"cuda {shape.label} nsplit {ns}"] = _why(e)
                     del x
                 elif b == "triton_sglang":
                     shape_rows.append(_row(b, shape, timer.us(triton_extend_launcher(case)), ceil))
@@ -284,7 +299,7 @@ def run_grid(shapes, backends=BACKENDS, nsplits=(), graph=True, progress=True, d
                         continue
                     shape_rows.append(_row(b, shape, timer.us(torch_launcher(case), budget_s=2.0), ceil))
             except Exception as e:  # one backend failing on one shape must not lose the run
-                skipped[f"{b} {shape.label}"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                skipped[f"{b} {shape.label}"] = _why(e)
             torch.cuda.empty_cache()
         tri = next((r["us"] for r in shape_rows if r["backend"] == "triton_sglang"), None)
         for r in shape_rows:
@@ -375,8 +390,10 @@ def _splits(text: str) -> list[int]:
         vals = [int(n) for n in text.split(",") if n.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: want a comma list of split counts like 1,2,4")
-    if any(v < 1 for v in vals):
-        raise argparse.ArgumentTypeError(f"{text!r}: split counts are >= 1")
+    from .kernel.spec import MAX_SPLITS
+    if any(v < 1 or v > MAX_SPLITS for v in vals):
+        raise argparse.ArgumentTypeError(f"{text!r}: split counts lie in 1..{MAX_SPLITS} (the kernel's "
+                                         "MAX_SPLITS: the merge kernel's weight table)")
     return vals
 
 
@@ -399,12 +416,35 @@ def main(args) -> int:
         print(f"kdkit bench: --shapes {args.shapes!r} matches no shape; labels look like "
               f"{grid(args.quick)[0].label}", file=sys.stderr)
         return 2
+    bad = unwritable(Path(args.out))
+    if bad:
+        print(f"kdkit bench: --out {args.out}: {bad}; give a directory you can write to", file=sys.stderr)
+        return 2
     why = unavailable()
     if why:
         print(f"kdkit bench: {why}", file=sys.stderr)
         return 1
     res = run_grid(shapes, args.backends, args.nsplit, graph=not args.no_graph)
-    path = save(res, Path(args.out))
-    print(summary(res))
+    print(summary(res))  # before the save: a failing save must not hide the measurements
+    try:
+        path = save(res, Path(args.out))
+    except OSError as e:  # the GPU run is not lost: written where it can be
+        import tempfile
+        path = save(res, Path(tempfile.mkdtemp(prefix="kdkit-bench-")))
+        print(f"kdkit bench: could not write to {args.out} ({e}); wrote {path} instead", file=sys.stderr)
+        return 1
     print(f"wrote {path}")
     return 0
+
+
+def unwritable(out_dir: Path) -> str | None:
+    """Why `out_dir` cannot take a results file (None when it can): made if missing, then a
+    probe file is created and removed in it, so a bad --out is found before the GPU work."""
+    import tempfile
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out_dir, prefix=".kdkit-bench-probe-"):
+            pass
+    except OSError as e:
+        return f"not a writable directory ({e.strerror or e})"
+    return None

@@ -5,6 +5,8 @@ A results file is one GPU run (benchmarks/results/<gpu>-<date>.json):
     {"gpu", "sms", "copy_gbps", "mma_tflops", "driver", "versions", "date", "rows": [row, ...]}
     row = {backend, bs, prefix, q_len, heads, nsplit, nsplit_auto, graph, us, gbps, floor_us,
            roofline_frac, speedup_vs_triton}
+The full grid is measured in slices (one `kdkit bench --shapes ...` per GPU command); combine()
+makes the slices one dict (with "slices": each slice's date, copy_gbps, mma_tflops).
 """
 from __future__ import annotations
 
@@ -67,17 +69,59 @@ def load(path: str | os.PathLike) -> dict:
     return check(data, str(path))
 
 
-def latest(directory: str | os.PathLike = RESULTS_DIR) -> Path | None:
-    """The results file of the most recent run in `directory` (by its "date" field), or None."""
-    best = None
+ROW_KEY = ("backend", "bs", "prefix", "q_len", "heads", "nsplit", "graph")  # one measurement of a run
+
+
+def combine(paths) -> dict:
+    """Results files of one GPU measured in slices (`kdkit bench --shapes ...`, one GPU command
+    each: a command may run at most 10 minutes, the full grid does not fit one) as one results dict.
+
+    Refused (ResultsError) when the files name different GPUs. Rows are concatenated in slice
+    order (oldest "date" first); a row measured twice (same backend, bs, prefix, q_len, heads,
+    nsplit, graph) keeps the later slice's copy. Every row keeps its floor_us and roofline_frac as
+    measured in its own slice (against that slice's copy bandwidth and mma rate); the header's
+    "slices" lists each slice's file, date, copy_gbps, mma_tflops and row count, and the header's
+    own date, copy_gbps, mma_tflops, driver and versions are the newest slice's."""
+    loaded = sorted(((load(p), Path(p)) for p in paths), key=lambda dp: dp[0]["date"])
+    if not loaded:
+        raise ResultsError("combine: no results files given")
+    gpus = sorted({d["gpu"] for d, _ in loaded})
+    if len(gpus) > 1:
+        raise ResultsError(f"combine: the files measure different GPUs ({', '.join(gpus)}): "
+                           + ", ".join(f"{p.name}: {d['gpu']}" for d, p in loaded))
+    rows: dict[tuple, dict] = {}
+    skipped: dict = {}
+    for d, _ in loaded:
+        for r in d["rows"]:
+            key = tuple(r.get(k) for k in ROW_KEY)
+            rows.pop(key, None)  # the later slice's measurement, in the later slice's place
+            rows[key] = r
+        skipped.update(d.get("skipped", {}))
+    out = {k: v for k, v in loaded[-1][0].items() if k not in ("rows", "skipped")}
+    out["slices"] = [{"file": p.name, "date": d["date"], "copy_gbps": d.get("copy_gbps"),
+                      "mma_tflops": d.get("mma_tflops"), "rows": len(d["rows"])} for d, p in loaded]
+    out["rows"] = list(rows.values())
+    out["skipped"] = skipped
+    return check(out, "combine(" + ", ".join(p.name for _, p in loaded) + ")")
+
+
+def latest(directory: str | os.PathLike = RESULTS_DIR) -> list[Path] | None:
+    """The files of the newest run set in `directory`, oldest first (None when there is none).
+    A run set = the file with the newest "date" and every file of the same "gpu" and "driver"
+    whose "date" falls on the same UTC day: the slices of a full grid measured in one session,
+    which combine() makes one results dict of."""
+    found = []
     for p in sorted(Path(directory).glob("*.json")):
         try:
-            date = str(json.loads(p.read_text(encoding="utf-8")).get("date", ""))
+            d = json.loads(p.read_text(encoding="utf-8"))
+            found.append((str(d.get("date", "")), str(d.get("gpu")), str(d.get("driver")), p))
         except (OSError, ValueError, AttributeError):
             continue
-        if best is None or date > best[0]:
-            best = (date, p)
-    return best[1] if best else None
+    if not found:
+        return None
+    date, gpu, driver, _ = max(found, key=lambda f: f[0])
+    return [p for d, g, dr, p in sorted(found, key=lambda f: f[0])
+            if (g, dr) == (gpu, driver) and d[:10] == date[:10]]
 
 
 def select(results: dict, **want) -> list[dict]:
@@ -180,15 +224,20 @@ def gpu_here() -> str | None:
 def obtain(results_path: str | os.PathLike | None = None, live: bool | None = None, **sweep) -> tuple[dict, str]:
     """(results, where they came from). live=None measures when a GPU is here and no results_path
     is given; otherwise reads results_path, or the latest committed run under benchmarks/results/.
-    sweep: measure()'s arguments (prefixes, bs, q_len, heads, nsplits, backends, graph)."""
+    results_path: one file, or a list of files combined (combine()); the latest is the newest
+    run set's files combined (latest()). sweep: measure()'s arguments (prefixes, bs, q_len, heads, nsplits, backends, graph)."""
     if live is None:
         live = gpu_here() is not None and not results_path
     if live:
         res = measure(**sweep)
         return res, f"measured live on {res['gpu']} ({res['date']})"
-    path = Path(results_path) if results_path else latest()
-    if path is None:
+    if isinstance(results_path, (list, tuple)):
+        paths = [Path(p) for p in results_path]
+    else:
+        paths = [Path(results_path)] if results_path else latest()
+    if not paths:
         raise FileNotFoundError(f"no results under {RESULTS_DIR} and no live run (no GPU here, or live=False): "
                                 "run `kdkit bench` on a GPU and commit its JSON, or pass results_path")
-    res = load(path)
-    return res, f"committed results of the last GPU run: {res['gpu']}, {res['date']} ({path.name})"
+    res = load(paths[0]) if len(paths) == 1 else combine(paths)
+    return res, (f"committed results of the last GPU run: {res['gpu']}, {res['date']} "
+                 f"({', '.join(p.name for p in paths)})")

@@ -3,6 +3,8 @@ checks (the GPU run itself is `kdkit bench` on a GPU host; its results are commi
 from __future__ import annotations
 
 import json
+import re
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,16 @@ def test_grid_comes_from_shapes_json():
     assert len(quick) == 9 and bench.Shape(1, 32768, 9, 8) in quick and bench.Shape(4, 8192, 257, 8) in quick
     full = bench.grid()
     assert set(quick) <= set(full)
-    assert all(s.bs * s.prefix <= 262144 for s in full if s not in quick)
+    # issue 9's grid: bs 1, 8, 32 x prefix 21..128K x q_len 9, 64, 257 x H 8, 16, KV unbounded (bs 8 x
+    # 128K and bs 32 x 32K / 128K included); only the five corners of more than 2.5e9 scores left out
+    grid = {(s.bs, s.prefix, s.q_len, s.heads) for s in full}
+    assert {(8, 131072, 9, 8), (32, 32768, 64, 16), (32, 131072, 64, 8), (8, 131072, 257, 8)} <= grid
+    left_out = {(b, p, q, h) for b in (1, 8, 32) for p in (21, 1024, 8192, 32768, 131072)
+                for q in (9, 64, 257) for h in (8, 16)} - grid
+    assert left_out == {(8, 131072, 257, 16), (32, 32768, 257, 16), (32, 131072, 64, 16),
+                        (32, 131072, 257, 8), (32, 131072, 257, 16)}
+    assert all(b * q * h * (p + q) > 2.5e9 for b, p, q, h in left_out)
+    assert len(full) == 85 + 2  # and the issue's bs 32 x 4K and bs 4 x 8K q257
 
 
 def test_bytes_and_flops_of_a_shape():
@@ -46,16 +57,70 @@ def test_committed_results_are_well_formed_and_summarise(path):
     assert res is not None
 
 
-@pytest.mark.parametrize("argv", [["--backends", "bogus"], ["--nsplit", "x"], ["--nsplit", "0"],
-                                  ["--shapes", "no-such-shape"]])
-def test_bad_arguments_exit_2_before_the_gpu(argv, capsys):
+@pytest.mark.parametrize("argv,says", [
+    (["--backends", "bogus"], "bogus"), (["--nsplit", "x"], "'x'"), (["--nsplit", "0"], "1..256"),
+    (["--nsplit", "1,300"], "1..256"), (["--shapes", "no-such-shape"], "no-such-shape"),
+    (["--out", "{file}"], "{file}"), (["--out", "{file}/sub"], "{file}/sub")])
+def test_bad_arguments_exit_2_before_the_gpu(argv, says, capsys, tmp_path):
+    """Refused before any GPU work (on this CPU machine a GPU run would exit 1 instead): a split
+    count above spec.MAX_SPLITS, an --out that is a file or lies under one."""
+    file = tmp_path / "a-file"
+    file.write_text("x")
+    argv = [a.format(file=file) for a in argv]
     try:
         rc = main(["bench", *argv])
     except SystemExit as e:  # argparse's own refusal of a bad value
         rc = e.code
     assert rc == 2
     err = capsys.readouterr().err
-    assert err.strip() and "Traceback" not in err
+    assert err.strip() and "Traceback" not in err and says.format(file=file) in err
+    assert file.read_text() == "x"
+
+
+def test_max_splits_is_the_kernels():
+    from kdkit.kernel.spec import MAX_SPLITS
+    assert MAX_SPLITS == 256  # the bound test_bad_arguments_exit_2_before_the_gpu names
+
+
+def test_the_sweep_leaves_out_what_plan_refuses():
+    """32 x 4K, q9, H8: 2304 rows; 128 and 256 splits need 576 and 1152 MiB of fp32 workspace,
+    above schedule.WORKSPACE_LIMIT (512 MiB), which kernel.plan refuses: not swept. Nor the
+    automatic split count (timed as its own row), nor more splits than KV steps of BLOCK_N."""
+    from kdkit.kernel import schedule, spec
+    every = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    big = bench.Shape(32, 4096, 9, 8)
+    assert bench.swept_nsplits(big, every, auto=16) == [1, 2, 4, 8, 32, 64]
+    rows = 32 * 9 * 8
+    assert 64 * rows * spec.DL * 4 <= schedule.WORKSPACE_LIMIT < 128 * rows * spec.DL * 4
+    # the seed's shape: 30 KV rows, one step of 32: only one split
+    assert bench.swept_nsplits(bench.Shape(1, 21, 9, 8), every) == [1]
+    # 1 x 128K: 4097 steps, 72 rows: every split count
+    assert bench.swept_nsplits(bench.Shape(1, 131072, 9, 8), every) == every
+
+
+def test_a_failing_save_keeps_the_measurements(tmp_path, monkeypatch, capsys):
+    """The summary is printed before the file is written, and a save that fails (the directory
+    taken away during the run) writes the results elsewhere and says where. The GPU run itself is
+    stood in for by the committed results (no GPU here)."""
+    if not RESULTS:
+        pytest.skip("no committed results under benchmarks/results")
+    import kdkit.kernel
+    committed = json.loads(RESULTS[-1].read_text())
+    out = tmp_path / "out"
+
+    def run_grid(*a, **k):
+        out.rmdir()
+        out.write_text("now a file")  # the --out checked before the run is no directory now
+        return committed
+    monkeypatch.setattr(bench, "run_grid", run_grid)
+    monkeypatch.setattr(kdkit.kernel, "unavailable", lambda: None)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the fallback goes
+    rc = main(["bench", "--quick", "--out", str(out)])
+    cap = capsys.readouterr()
+    assert rc == 1 and committed["gpu"] in cap.out  # the summary
+    written = re.search(r"wrote (\S+\.json) instead", cap.err)
+    assert written and str(out) in cap.err
+    assert json.loads(Path(written.group(1)).read_text()) == committed
 
 
 def _shapes_file(tmp_path, bench_set):
@@ -88,3 +153,51 @@ def test_a_bench_shape_keeps_its_tree_and_seed(tmp_path):
     assert torch.equal(case.custom_mask, want.custom_mask)  # and the tree the mask
     # the committed grid: tree and seed as kdkit bench has always made them (ddtree, seed 1)
     assert {(s.tree, s.seed) for s in bench.grid() + bench.grid(quick=True)} == {("ddtree", 1)}
+
+
+def _slices(tmp_path):
+    """The committed run cut in two slices as `kdkit bench --shapes` would write them: the long
+    prefixes measured later, with another copy bandwidth and mma rate."""
+    committed = json.loads(RESULTS[-1].read_text())
+    a = dict(committed, rows=[r for r in committed["rows"] if r["prefix"] < 32768])
+    b = dict(committed, rows=[r for r in committed["rows"] if r["prefix"] >= 32768],
+             date=committed["date"][:11] + "23:59:00+00:00",
+             copy_gbps=committed["copy_gbps"] - 100, mma_tflops=committed["mma_tflops"] + 7)
+    assert a["rows"] and b["rows"] and a["date"][:10] == b["date"][:10] and a["date"] < b["date"]
+    pa, pb = tmp_path / "a.json", tmp_path / "b.json"
+    pa.write_text(json.dumps(a))
+    pb.write_text(json.dumps(b))
+    return committed, a, b, pa, pb
+
+
+@pytest.mark.skipif(not RESULTS, reason="no committed results under benchmarks/results")
+def test_slices_combine_into_one_run(tmp_path):
+    committed, a, b, pa, pb = _slices(tmp_path)
+    both = bench_results.combine([pb, pa])  # any order: slices sorted by date
+    assert both["rows"] == a["rows"] + b["rows"]  # every row as measured, floor_us and roofline_frac too
+    assert [(s["file"], s["date"], s["copy_gbps"], s["mma_tflops"], s["rows"]) for s in both["slices"]] == [
+        ("a.json", a["date"], a["copy_gbps"], a["mma_tflops"], len(a["rows"])),
+        ("b.json", b["date"], b["copy_gbps"], b["mma_tflops"], len(b["rows"]))]
+    assert (both["date"], both["copy_gbps"], both["gpu"]) == (b["date"], b["copy_gbps"], committed["gpu"])
+    assert bench.summary(both)  # the table reads a combined run like a file
+    # the newest run set: both slices, not a run of another driver or another day
+    for name, change in (("other-driver.json", {"driver": "1.0"}), ("day-before.json", {"date": "2026-01-01T00:00:00+00:00"})):
+        (tmp_path / name).write_text(json.dumps(dict(b, **change, rows=b["rows"][:1])))
+    assert bench_results.latest(tmp_path) == [pa, pb]
+    res, source = bench_results.obtain(live=False, results_path=[pa, pb])
+    assert res["rows"] == both["rows"] and "a.json, b.json" in source
+
+
+@pytest.mark.skipif(not RESULTS, reason="no committed results under benchmarks/results")
+def test_combine_refuses_other_gpus_and_keeps_the_later_duplicate(tmp_path):
+    committed, a, b, pa, pb = _slices(tmp_path)
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(dict(a, gpu="NVIDIA B200")))
+    with pytest.raises(bench_results.ResultsError, match=r"different GPUs \(NVIDIA B200, NVIDIA H200"):
+        bench_results.combine([pa, other])
+    again = dict(b, rows=[dict(a["rows"][0], us=1.0)] + b["rows"])  # a row of slice a measured again in b
+    pb.write_text(json.dumps(again))
+    both = bench_results.combine([pa, pb])
+    assert len(both["rows"]) == len(a["rows"]) + len(b["rows"])
+    mine = [r for r in both["rows"] if all(r[k] == a["rows"][0][k] for k in bench_results.ROW_KEY)]
+    assert [r["us"] for r in mine] == [1.0]  # the later slice's measurement
