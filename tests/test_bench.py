@@ -201,3 +201,40 @@ def test_combine_refuses_other_gpus_and_keeps_the_later_duplicate(tmp_path):
     assert len(both["rows"]) == len(a["rows"]) + len(b["rows"])
     mine = [r for r in both["rows"] if all(r[k] == a["rows"][0][k] for k in bench_results.ROW_KEY)]
     assert [r["us"] for r in mine] == [1.0]  # the later slice's measurement
+
+
+README = Path(bench.RESULTS).parents[1] / "README.md"
+README_RUN = Path(bench.RESULTS) / "nvidia-h200-20261201T122836.json"
+
+
+def _fig(x: float) -> str:
+    """The README's figures: three significant digits, whole numbers from 100 up, one rounding."""
+    return f"{x:.0f}" if x >= 100 else f"{x:.1f}" if x >= 10 else f"{x:.2f}"
+
+
+@pytest.mark.skipif(not README_RUN.exists(), reason="the README's run is not committed")
+def test_readme_performance_table_is_the_committed_run():
+    """Every cell of the README's Performance table from the run it names, rounded once; the best
+    fixed NSPLIT column says "(auto N)" where the automatic split count beat every fixed one."""
+    res = json.loads(README_RUN.read_text())
+    text = README.read_text()
+    assert README_RUN.name in text.split("### Performance", 1)[1].split("\n\n", 2)[1]
+    table = text.split("| bs x prefix, q_len | roofline |", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
+    by = {}
+    for r in res["rows"]:
+        by.setdefault((r["bs"], r["prefix"], r["q_len"]), []).append(r)
+    k = {21: "21", 1024: "1K", 4096: "4K", 8192: "8K", 32768: "32K", 131072: "128K"}
+    assert len(table) == len(by) == 9
+    for line, ((bs, prefix, q_len), rs) in zip(table, by.items()):
+        cuda = [r for r in rs if r["backend"] == "cuda"]
+        auto = next(r for r in cuda if r["nsplit_auto"] and not r["graph"])
+        graph = next(r for r in cuda if r["graph"])
+        fixed = min((r for r in cuda if not r["nsplit_auto"] and not r["graph"]), key=lambda r: r["us"], default=None)
+        best = (f"{_fig(fixed['us'])} ({fixed['nsplit']}; auto {auto['nsplit']})" if fixed and fixed["us"] < auto["us"]
+                else f"{_fig(auto['us'])} (auto {auto['nsplit']})")
+        other = {r["backend"]: _fig(r["us"]) for r in rs if r["backend"] != "cuda"}
+        want = [f"{bs} x {k[prefix]}, {q_len}", _fig(rs[0]["floor_us"]),
+                f"{_fig(graph['us'])} ({100 * graph['roofline_frac']:.1f}%)", _fig(auto["us"]), best,
+                other["triton_sglang"], other["triton_decode"], other["torch"]]
+        cells = [c.strip().replace(" us", "") for c in line.strip("|").split("|")]
+        assert cells == want, line
