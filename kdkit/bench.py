@@ -38,6 +38,7 @@ from .constants import QK_DIM as D, V_HEAD_DIM as DV
 BACKENDS = ("cuda", "triton_sglang", "triton_decode", "torch")
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 FLUSH_BYTES = 256 << 20
+NSPLITS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # the fixed split counts swept by default (--nsplit)
 SLEEP_CYCLES = 500_000  # ~250 us at 2 GHz: longer than run()'s host work, so the launch is queued
 
 
@@ -182,15 +183,13 @@ def triton_extend_launcher(case):
     return launch
 
 
-def triton_decode_launcher(case):
-    """SGLang's Triton decode kernel with one query per tree node: node i of request b attends to
-    the request's prefix and to the draft slots it may see (its ancestors and itself)."""
-    from . import layout, sglang_source
-    mod = sglang_source.load_module("decode_attention")
-    fwd = mod.decode_attention_fwd
-    names = sglang_source.kernel_params(fwd)
-    u = layout.to_unified(case)
-    dev = torch.device("cuda")
+def decode_per_node_indices(case):
+    """(kv_indptr [T+1], kv_indices) int64 on the CPU, one entry per tree node (query token) in
+    token order: node i of request b attends to the request's prefix rows and to the draft slots
+    it may see (its ancestors and itself, layout.draft_visibility), as the issue's "Triton decode
+    kernel fed one query per tree node" does."""
+    from . import layout
+    u = case if case.layout == "unified" else layout.to_unified(case)  # no copy of a big pool
     kvp = u.kv_indptr.long()
     idx, indptr = [], [0]
     for b in range(u.batch_size):
@@ -202,8 +201,19 @@ def triton_decode_launcher(case):
         for i in range(n):
             idx.append(torch.cat([prefix, draft[vis[i]]]))
             indptr.append(indptr[-1] + len(idx[-1]))
-    kv_indices = torch.cat(idx).to(dev, torch.int64)
-    kv_indptr = torch.tensor(indptr, dtype=torch.int64, device=dev)
+    return torch.tensor(indptr, dtype=torch.int64), torch.cat(idx).to(torch.int64)
+
+
+def triton_decode_prepare(case):
+    """(launch, out): SGLang's Triton decode kernel over decode_per_node_indices(case); each
+    launch writes the [T, H, 512] output into `out` (on the GPU)."""
+    from . import layout, sglang_source
+    mod = sglang_source.load_module("decode_attention")
+    fwd = mod.decode_attention_fwd
+    names = sglang_source.kernel_params(fwd)
+    u = layout.to_unified(case)
+    dev = torch.device("cuda")
+    kv_indptr, kv_indices = (t.to(dev) for t in decode_per_node_indices(u))
     T, H = u.num_tokens, u.num_heads
     splits = 8  # SGLang's default triton_attention_num_kv_splits
     q = u.q.to(dev)
@@ -217,7 +227,12 @@ def triton_decode_launcher(case):
         kw["has_mla"] = True
     args = (q, kv_buffer, kv_buffer[..., :DV], o, kv_indptr, kv_indices, logits, lse, nks, splits,
             float(u.sm_scale), 1.0, 1.0)
-    return lambda: fwd(*args, **kw)
+    return (lambda: fwd(*args, **kw)), o
+
+
+def triton_decode_launcher(case):
+    """SGLang's Triton decode kernel with one query per tree node (triton_decode_prepare)."""
+    return triton_decode_prepare(case)[0]
 
 
 def torch_launcher(case):
@@ -400,7 +415,7 @@ def _splits(text: str) -> list[int]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="the nine shapes of the README table (about two minutes)")
     p.add_argument("--backends", type=_names, default=",".join(BACKENDS), help=f"comma list of {', '.join(BACKENDS)}")
-    p.add_argument("--nsplit", type=_splits, default="1,2,4,8,16,32,64,128,256",
+    p.add_argument("--nsplit", type=_splits, default=",".join(map(str, NSPLITS)),
                    help="fixed split counts to sweep for the cuda backend beside the automatic one ('' for none)")
     p.add_argument("--shapes", default="", help="only shapes whose label contains this text, e.g. '1x32768' (default: all)")
     p.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph replay timing")

@@ -238,3 +238,25 @@ def test_readme_performance_table_is_the_committed_run():
                 other["triton_sglang"], other["triton_decode"], other["torch"]]
         cells = [c.strip().replace(" us", "") for c in line.strip("|").split("|")]
         assert cells == want, line
+
+
+def test_decode_per_node_indices_are_each_nodes_attention():
+    """The Triton decode baseline's indices (one query per tree node): attention of each node over
+    its own index list, in float64, is the oracle's output for that node, in both layouts, on a
+    ragged batch with a branching tree (a node seeing a sibling, or missing an ancestor, differs)."""
+    import numpy as np
+
+    from kdkit import layout, oracle
+    base = shapes.make_case({"bs": 3, "prefix": [0, 40, 300], "q_len": [9, 1, 17], "heads": 2,
+                             "tree": "ddtree", "seed": 3})
+    for case in (base, layout.to_layout(base, "unified")):
+        ref, _ = oracle.run(case)
+        indptr, idx = bench.decode_per_node_indices(case)
+        u = layout.to_unified(case)
+        assert indptr.dtype == idx.dtype == torch.int64 and len(indptr) == case.num_tokens + 1
+        kv = u.kv_buffer[:, 0].double()
+        for t in range(case.num_tokens):
+            rows = kv[idx[indptr[t]:indptr[t + 1]]]
+            s = u.q[t].double() @ rows.T * case.sm_scale          # [H, n]
+            out = torch.softmax(s, dim=-1) @ rows[:, :512]
+            np.testing.assert_allclose(out.numpy(), ref[t], rtol=1e-9, atol=1e-12)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kdkit import backends, compare, kernel, oracle, shapes, synth
+from kdkit import backends, bench, compare, kernel, oracle, shapes, synth
 from kdkit.case import load
 from kdkit.kernel import spec
 from kdkit.layout import to_layout
@@ -198,6 +198,49 @@ def test_matches_triton_rule():
         prod, _ = _metrics(case, backends.run("triton_sglang", case))
         v = _judge(case, cuda.run(case), production=prod)
         assert v.passed, v.reasons
+
+
+# ---- sm_scale, kdkit bench's shapes and its Triton decode baseline --------------------------
+@pytest.mark.parametrize("sm_scale", [0.05, 576 ** -0.5, 1.0], ids=["0.05", "576^-0.5", "1.0"])
+def test_sm_scale(sm_scale):
+    """Every other case runs at synth.KIMI_SM_SCALE: the scale must reach the scores (a scale
+    ignored or applied twice moves every probability), one split and three (the merge's LSE)."""
+    case = _named("mutants").clone(sm_scale=sm_scale)
+    for nsplit in (1, 3):
+        v = _judge(case, cuda.run(case, nsplit=nsplit))
+        assert v.passed, f"sm_scale {sm_scale}, nsplit {nsplit}: {v.reasons}"
+
+
+QUICK = bench.grid(quick=True)
+
+
+@pytest.mark.parametrize("which", ["auto", "largest-swept"])
+@pytest.mark.parametrize("shape", QUICK, ids=[s.label.replace(" ", "-") for s in QUICK])
+def test_bench_quick_shapes(shape, which):
+    """What kdkit bench times is right: each --quick shape (the case bench makes) at the automatic
+    split count and at the largest one its NSPLIT sweep runs (bench.swept_nsplits), against the
+    float64 oracle (~20 s of CPU for the largest shape's oracle here)."""
+    case = bench.make_case(shape)
+    nsplit = None if which == "auto" else max(bench.swept_nsplits(shape, bench.NSPLITS))
+    res = cuda.run(case, nsplit=nsplit)
+    v = _judge(case, res)
+    assert v.passed, f"{shape.label} ({res.ran}): {v.reasons}"
+
+
+def test_triton_decode_baseline_is_per_node_attention():
+    """kdkit bench's "Triton decode kernel fed one query per tree node" computes what it claims:
+    each node's query over its request's prefix and its visible draft slots is the oracle's row
+    (no LSE: the decode kernel keeps only per-split ones). 1 x 1K, q_len 9: eight KV splits."""
+    why = backends.unavailable("triton_sglang")
+    if why:
+        pytest.skip(why)
+    shape = next(s for s in QUICK if (s.bs, s.prefix, s.q_len) == (1, 1024, 9))
+    case = bench.make_case(shape)
+    launch, out = bench.triton_decode_prepare(case)
+    launch()
+    torch.cuda.synchronize()
+    v = _judge(case, backends.Result(out.clone(), None))
+    assert v.passed, v.reasons
 
 
 # ---- bad input: a clear Python error before any launch -----------------------------------
