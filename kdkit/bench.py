@@ -373,6 +373,9 @@ def summary(res: dict) -> str:
                       f"{fixed[0]['us']:.1f} ({fixed[0]['nsplit']})" if fixed else "-",
                       *(us([r for r in rs if r["backend"] == b]) for b in ("triton_sglang", "triton_decode", "torch"))])
     head = f"{res['gpu']} ({res['sms']} SMs), copy {res['copy_gbps']} GB/s, mma.sync {res['mma_tflops']} TFLOP/s"
+    if len(res.get("slices", [])) > 1:  # combined slices: each row's floor is its own slice's
+        head += "".join(f"\n  slice {s['file']} ({s['date']}, {s['rows']} rows): copy {s['copy_gbps']} GB/s, "
+                        f"mma.sync {s['mma_tflops']} TFLOP/s" for s in res["slices"])
     body = tabulate(table, ["bs x prefix, q_len, H", "floor us", "cuda auto", "graph", "best fixed (nsplit)",
                             "triton ext", "triton dec", "torch"], tablefmt="simple", disable_numparse=True,
                     stralign="right")

@@ -179,7 +179,9 @@ def test_slices_combine_into_one_run(tmp_path):
         ("a.json", a["date"], a["copy_gbps"], a["mma_tflops"], len(a["rows"])),
         ("b.json", b["date"], b["copy_gbps"], b["mma_tflops"], len(b["rows"]))]
     assert (both["date"], both["copy_gbps"], both["gpu"]) == (b["date"], b["copy_gbps"], committed["gpu"])
-    assert bench.summary(both)  # the table reads a combined run like a file
+    text = bench.summary(both)  # the table reads a combined run like a file, and names each slice's ceilings
+    assert f"slice a.json ({a['date']}, {len(a['rows'])} rows): copy {a['copy_gbps']} GB/s" in text
+    assert f"slice b.json ({b['date']}, {len(b['rows'])} rows): copy {b['copy_gbps']} GB/s" in text
     # the newest run set: both slices, not a run of another driver or another day
     for name, change in (("other-driver.json", {"driver": "1.0"}), ("day-before.json", {"date": "2026-01-01T00:00:00+00:00"})):
         (tmp_path / name).write_text(json.dumps(dict(b, **change, rows=b["rows"][:1])))
