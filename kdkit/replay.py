@@ -79,8 +79,11 @@ class ReplayReport:
                tabulate(rows, head, tablefmt="plain", disable_numparse=True,
                         colalign=("left", "left") + ("right",) * (len(head) - 2))]
         for r in self.rows:
-            if r.status == "pass" and r.verdict is not None and r.verdict.lse_limit is None and self.against == "oracle":
-                out.append(f"  {r.backend}: no LSE from the backend: judged on the output alone (tighter limits)")
+            if r.status == "pass" and r.verdict is not None and r.verdict.lse_limit is None:
+                # the oracle always has an LSE; another reference (a captured output) may not, and
+                # then every row is judged by compare.judge's tighter output-only rule
+                who = "the backend" if self.against == "oracle" else "the backend or the reference"
+                out.append(f"  {r.backend}: no LSE from {who}: judged on the output alone (tighter limits)")
             if r.status != "pass" and r.reason:
                 # unavailable() lines already start with the backend's name
                 lead = "" if r.reason.startswith(f"{r.backend}:") else f"{r.backend}: "

@@ -10,8 +10,9 @@
     python -m kdkit.trials correct --backend cuda --seeds 0:1000 --big --out reports/property
     python -m kdkit.trials mutants --backend cuda [--cases bundled,probes]
 
-A correct run that fails prints its seed and spec and saves the case under out_dir, so
-`kdkit replay FILE --backends ...` reproduces it. Each check is judged twice: with the backend's LSE,
+A correct run that fails prints its seed and spec and saves the case under out_dir, with the options
+the trial ran with (p_bf16, nsplit, ...: `kdkit replay` cannot set them) in its meta["trial"], and
+prints the call that reproduces its numbers: `trials.check(load(FILE), "torch", p_bf16=..., nsplit=...)`. Each check is judged twice: with the backend's LSE,
 and on the output alone (kdkit.compare's stricter no-LSE rule), both against the float64 oracle.
 """
 from __future__ import annotations
@@ -93,6 +94,7 @@ class Trial:
     with_lse: Verdict | None       # None when the backend returned no LSE
     output_only: Verdict
     info: dict = field(default_factory=dict)
+    opts: dict = field(default_factory=dict)    # the backend options it ran with (p_bf16, nsplit, ...)
 
     @property
     def passed(self) -> bool:
@@ -115,6 +117,7 @@ def check(case, backend: str, ref: Reference | None = None, **opts) -> Trial:
     """Run `backend` on a clone of `case` and judge it against the oracle, with and without its LSE."""
     trial = check_result(backend, backends.run(backend, case.clone(), **opts), ref or Reference(case))
     trial.case_id = case.case_id
+    trial.opts = dict(opts)
     return trial
 
 
@@ -141,10 +144,20 @@ class Summary:
 
 
 def record_failure(case, seed, trial: Trial, out_dir) -> Path:
-    """Save a case that raised a false alarm, so `kdkit replay FILE` reproduces it."""
+    """Save a case that raised a false alarm, with the trial's backend, seed and options in
+    meta["trial"] (plain values): `repro_call(path, trial)` is the call that reproduces its numbers
+    (`kdkit replay FILE` judges it too, but with the backend's default p_bf16 / nsplit)."""
     path = Path(out_dir) / f"false-alarm-{trial.backend}-seed{seed}.pt"
-    case.save(path, overwrite=True)
+    meta = {**case.meta, "trial": {"backend": trial.backend, "seed": int(seed), "opts": dict(trial.opts)}}
+    case.clone(meta=meta).save(path, overwrite=True)
     return path
+
+
+def repro_call(path, trial: Trial) -> str:
+    """The exact call that reruns a saved trial: `trials.check(load("PATH"), "torch", p_bf16=True, nsplit=3)`
+    (kdkit.trials and kdkit.case.load imported)."""
+    args = "".join(f", {k}={v!r}" for k, v in sorted(trial.opts.items()))
+    return f"trials.check(load({str(path)!r}), {trial.backend!r}{args})"
 
 
 # larger shapes for a GPU host (its CPU runs the float64 oracle: ~1 s a case at these sizes)
@@ -170,8 +183,8 @@ def run_correct(backend: str, seeds, out_dir="reports/property", log=print, spec
             path = record_failure(case, seed, t, out_dir)
             why = [r for v in (t.with_lse, t.output_only) if v is not None and not v.passed for r in v.reasons]
             s.failures.append((seed, str(path), why))
-            log(f"FALSE ALARM seed {seed}: {case.summary()}; saved {path} (kdkit replay {path} "
-                f"--backends {backend}); {'; '.join(why)[:400]}")
+            log(f"FALSE ALARM seed {seed}: {case.summary()}; saved {path}; reproduce: "
+                f"{repro_call(path, t)}; {'; '.join(why)[:400]}")
     s.seconds = time.perf_counter() - t0
     log(s.line())
     return s

@@ -1,7 +1,7 @@
 """No false alarm: correct torch runs of 500 random cases (hypothesis-driven, seeded, replayable)
 all pass the judge, with their LSE and on the output alone; the worst error-to-limit ratio is
-reported. A failure prints its seed and spec and saves the case, so `kdkit replay FILE --backends
-torch` reproduces it. The same generator and runner serve the GPU run:
+reported. A failure prints its seed and spec, saves the case with the options it ran with, and
+prints the call that reproduces its numbers (trials.repro_call). The same generator and runner serve the GPU run:
 `python -m kdkit.trials correct --backend cuda --seeds 0:1000`."""
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def test_correct_torch_never_fails_the_judge(alarms_dir, seed, p_bf16, nsplit):
         path = trials.record_failure(case, seed, t, alarms_dir)
         why = [r for v in (t.with_lse, t.output_only) if v is not None and not v.passed for r in v.reasons]
         pytest.fail(f"false alarm: seed {seed} (p_bf16={p_bf16}, nsplit={nsplit}) spec {spec}; case saved "
-                    f"as {path}: `kdkit replay {path} --backends torch`; {'; '.join(why)}")
+                    f"as {path}; reproduce: {trials.repro_call(path, t)}; {'; '.join(why)}")
 
 
 def test_worst_ratio_is_reported(request):
@@ -92,6 +92,25 @@ def test_runner_for_the_gpu_run(tmp_path):
     lines = []
     s = trials.run_correct("torch", [5, 6], tmp_path / "bad", log=lines.append, mutant="no-scale")
     assert [f[0] for f in s.failures] == [5, 6]
-    assert lines[0].startswith("FALSE ALARM seed 5:") and "kdkit replay" in lines[0]
+    assert lines[0].startswith("FALSE ALARM seed 5:") and "reproduce: trials.check(load(" in lines[0]
     back = load(s.failures[0][1])
     assert not trials.check(back, "torch", mutant="no-scale").passed and trials.check(back, "torch").passed
+    assert back.meta["trial"] == {"backend": "torch", "seed": 5, "opts": {"mutant": "no-scale"}}
+
+
+def test_a_saved_false_alarm_reproduces_its_numbers(tmp_path):
+    """The trial's p_bf16 / nsplit (which `kdkit replay` cannot set) are saved in the case's meta,
+    and the printed call, run as printed, gives the trial's numbers exactly."""
+    case = trials.make(trials.spec_for_seed(3))
+    opts = {"p_bf16": True, "nsplit": 3}
+    t = trials.check(case, "torch", **opts)
+    path = trials.record_failure(case, 3, t, tmp_path)
+    assert load(path).meta["trial"] == {"backend": "torch", "seed": 3, "opts": opts}
+    call = trials.repro_call(path, t)
+    assert call == f"trials.check(load({str(path)!r}), 'torch', nsplit=3, p_bf16=True)"
+    again = eval(call, {"trials": trials, "load": load})
+    numbers = (lambda tr: [(n, v) for n, (v, _) in sorted(tr.output_only.checks.items())]
+               + [(n, v) for n, (v, _) in sorted(tr.with_lse.checks.items())])
+    assert numbers(again) == numbers(t)
+    # the options matter: with the backend's defaults (what `kdkit replay` runs) the numbers move
+    assert numbers(trials.check(load(path), "torch")) != numbers(t)

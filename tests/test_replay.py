@@ -7,7 +7,7 @@ import types
 import pytest
 import torch
 
-from kdkit import backends, synth
+from kdkit import backends, report, synth
 from kdkit.backends import torch_ref
 from kdkit.compare import out_floor
 from kdkit.replay import ReplayReport, replay
@@ -105,6 +105,34 @@ def test_against_a_backend():
     assert "3 x production" in rep.row("torch").verdict.rule
     with pytest.raises(backends.BackendUnavailable, match="captured"):
         replay(synth.seed_shape(), ["torch"], against="captured")
+
+
+NO_LSE = "judged on the output alone (tighter limits)"
+
+
+def test_a_backend_without_lse_is_said_in_the_table_and_the_report():
+    """A captured reference output with no captured LSE: its row is judged on the output alone, and
+    both the replay table and the Markdown report say so on a line of their own."""
+    case = _captured_case()
+    assert case.ref_lse is None
+    rep = replay(case, ["oracle", "captured"])
+    cap = rep.row("captured")
+    assert cap.status == "pass" and cap.verdict.lse_limit is None and "lse" not in cap.verdict.checks
+    line = f"  captured: no LSE from the backend: {NO_LSE}"
+    assert line in rep.table().splitlines()
+    assert line in report.render_markdown([rep]).splitlines()
+    assert not any(ln.startswith("  oracle:") for ln in rep.table().splitlines())   # the oracle has its LSE
+
+
+def test_against_a_reference_without_lse_the_tighter_rule_is_said():
+    """Against a captured output with no LSE, no row can be judged on its LSE: every judged row says
+    the output-only rule applied, naming the reference as a possible cause."""
+    rep = replay(_captured_case(), ["oracle", "torch"], against="captured")
+    tv = rep.row("torch").verdict
+    assert rep.row("torch").status == "pass" and tv.lse_limit is None and "lse" not in tv.checks
+    lines = rep.table().splitlines()
+    for name in ("oracle", "torch"):
+        assert f"  {name}: no LSE from the backend or the reference: {NO_LSE}" in lines
 
 
 def test_bad_arguments_are_named():
