@@ -8,7 +8,8 @@ import io
 import os
 import pickletools
 import random
-import resource
+import subprocess
+import sys
 import zipfile
 
 import pytest
@@ -19,8 +20,36 @@ from kdkit.case import CaseError, load
 from kdkit.synth import make_case
 
 
-def _rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# The peak memory a load adds, measured in a fresh process: ru_maxrss is the process's peak, so in
+# the test process it shows nothing once an earlier test has peaked higher. The child imports kdkit
+# first (torch: its baseline), then loads; ~2 s per call.
+_PEAK = """
+import resource, sys
+from kdkit.case import CaseError, load
+peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+before = peak()
+try:
+    exec(sys.argv[2]) if sys.argv[2] else load(sys.argv[1])
+    what = "loaded"
+except CaseError as e:
+    what = "CaseError " + e.field
+print(what, peak() - before)
+"""
+LOAD_MB = 64   # a refused load may allocate this much at most (the files here are a few KB on disk)
+
+
+def _load_peak_mb(path, extra: str = "") -> tuple[str, float]:
+    """(what happened, MB the load added to a fresh process's peak); `extra`: code run instead."""
+    run = subprocess.run([sys.executable, "-c", _PEAK, str(path), extra], capture_output=True, text=True,
+                         timeout=120, check=True)
+    what, _, mb = run.stdout.strip().rpartition(" ")
+    return what, float(mb)
+
+
+def test_the_memory_measure_sees_an_allocation(tmp_path):
+    """The measure bites: 2 x LOAD_MB of touched bytes in the child show up as such."""
+    what, mb = _load_peak_mb(tmp_path / "none.pt", f"x = b'\\1' * ({2 * LOAD_MB} << 20)")
+    assert what == "loaded" and mb > 1.5 * LOAD_MB, mb
 
 
 def _members(data: bytes) -> list[tuple[str, bytes]]:
@@ -74,9 +103,9 @@ def test_zip_bomb_is_refused_before_it_expands(tiny, tmp_path):
     path.write_bytes(_zip(bomb, {data_member: zipfile.ZIP_DEFLATED}))
     del bomb
     assert path.stat().st_size < 2 << 20
-    before = _rss_mb()
     _expect(path, "<zip>", "zip bomb", data_member)
-    assert _rss_mb() - before < 64, "loading the bomb grew memory"
+    what, mb = _load_peak_mb(path)
+    assert what == "CaseError <zip>" and mb < LOAD_MB, f"loading the bomb grew memory by {mb:.0f} MB"
 
 
 def test_member_declaring_more_bytes_than_the_file(tiny, tmp_path):
@@ -108,9 +137,9 @@ def test_huge_declared_shape_names_the_field(tiny, tmp_path):
     new = b"J\x40\x42\x0f\x00K\x01M\x40\x02\x87"                     # BININT 1,000,000
     path = tmp_path / "huge-shape.pt"
     path.write_bytes(_zip(_edit_pickle(members, lambda p: _retag(p, old, new))))
-    before = _rss_mb()
     _expect(path, "q", "reaches past its storage")
-    assert _rss_mb() - before < 64
+    what, mb = _load_peak_mb(path)
+    assert what == "CaseError q" and mb < LOAD_MB, f"loading the huge shape grew memory by {mb:.0f} MB"
 
 
 def test_forged_storage_size_names_the_field(tiny, tmp_path):
