@@ -131,6 +131,7 @@ def lse_unit(ref_lse: np.ndarray, cond: np.ndarray | None, ref_lse_max: float) -
     rounding (|lse|). Without cond, max|ref lse| over the whole output stands in for it (it is at
     least the largest logit; looser where logits cancel)."""
     c = cond if cond is not None else ref_lse_max
+    # floor 1.0: log(sum of exps) near lse ~ 0 (tiny logits, one column) errs ~2^-24 absolute, not relative
     return 2.0 ** -24 * np.maximum(np.abs(ref_lse) + c, 1.0)
 
 
@@ -244,6 +245,7 @@ LSE_ULPS = 12.0
 
 # With a production path each limit is k_prod x its statistic + PROD_SHARE x the floor (as
 # FlashAttention's rule: 2x the production error plus a rounding term).
+# 0.5 = PROD_FLOOR_U / OUT_FLOOR_U, max_abs's split: 2x production already holds a kernel's rounding.
 PROD_SHARE = 0.5
 
 

@@ -157,6 +157,8 @@ def test_production_scales_the_ulp_limits():
     assert v.checks["ulp_row"][1] == pytest.approx(3.5) and v.checks["ulp_row"][0] <= 3.5
     m = metrics(b + 3.6 * sp, b, lse, lse)
     assert "ulp_row" in judge("k", m, b, production=prod).caught_by
+    # the ulp checks split floor and production as max_abs does (compare.PROD_SHARE says why)
+    assert compare.PROD_SHARE == compare.PROD_FLOOR_U / compare.OUT_FLOOR_U
 
 
 # ---- the max_abs rule at its boundary ----------------------------------------------------------
@@ -222,6 +224,9 @@ def test_lse_rule_in_fp32_units():
     assert v.lse_limit == compare.LSE_ULPS
     # without cond, max|ref lse| stands in for it: unit = 2^-24 x (8 + 8)
     assert metrics(b, b, ref_lse + 7.9 * unit, ref_lse).lse_ulp_max == pytest.approx(2 * 7.9)
+    # tiny logits (lse ~ 0, cond ~ 0): the unit stays 2^-24, log's absolute rounding near 0
+    tiny = np.full((2, 2), 1e-3)
+    assert compare.lse_unit(tiny, tiny, 0.0) == pytest.approx(np.full((2, 2), 2.0 ** -24))
 
 
 def test_caught_by_and_worst_ratio():
