@@ -511,8 +511,9 @@ def cmd_compile(args) -> int:
     if limits["nvrtc"] is None:
         _err("NVRTC is not installed: `pip install cuda-bindings nvidia-cuda-nvrtc` (kdkit's 'compile' extra)")
         return EXIT_PROBLEM
-    # every block size the planner may choose (schedule.choose_nt picks by shape: q_len 9 x H 8 =
-    # 72 rows takes 40, the build nearest sm_120's shared-memory limit), or the one --rows names
+    # every block size the planner may choose (schedule.choose picks by shape: q_len 9 x H 8 =
+    # 72 rows takes 40 rows per block at long KV, the build nearest sm_120's shared-memory limit,
+    # and 8 at short KV), or the one --rows names
     nts = [args.rows // 8] if args.rows else list(NT_CHOICES)
     worst = EXIT_OK
     for arch in archs:

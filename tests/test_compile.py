@@ -157,18 +157,43 @@ def test_rows_per_block(rows, nt, rpc):
     assert schedule.cdiv(rows, rpc) == schedule.cdiv(rows, 8 * nt)  # no extra block from the spreading
 
 
-def test_nsplit_choice():
-    # bs 1, 32K prefix, 72 rows in 2 blocks: one full wave over 132 SMs
-    assert 60 <= schedule.choose_nsplit(1, 2, 32777, 132, 72) <= 66
-    # short KV (the seed's shape): one block per row group, no merge
-    assert schedule.choose_nsplit(1, 2, 30, 132, 72) == 1
+def test_block_and_split_choice():
+    # bs 1, 32K prefix, q_len 9 x 8 heads = 72 rows: 2 blocks of 40 rows, one full wave over 132 SMs
+    assert schedule.choose(1, 72, 32777, 132, 72)[0] == 5
+    assert 60 <= schedule.choose(1, 72, 32777, 132, 72)[1] <= 66
+    # the seed's shape (30 KV rows): a block's fixed work is the time, so 9 blocks of 8 rows, no merge
+    assert schedule.choose(1, 72, 30, 132, 72) == (1, 1)
     # 32 requests x 2 blocks: 2 splits fill 128 SMs; 3 would need a second wave
-    assert schedule.choose_nsplit(32, 2, 4105, 132, 32 * 72) == 2
+    assert schedule.choose(32, 72, 4105, 132, 32 * 72) == (5, 2)
     # never more blocks than one wave when the KV is long enough to fill it
-    for bs, blocks, kv in [(1, 13, 32832), (8, 2, 8201)]:
-        ns = schedule.choose_nsplit(bs, blocks, kv, 132, bs * blocks * 40)
-        assert bs * blocks * ns <= 132 or ns == 1
-    assert 1 <= schedule.choose_nsplit(1, 1, 10 ** 7, 132, 10 ** 6) <= schedule.MAX_SPLITS
+    for bs, rows, kv in [(1, 512, 32832), (8, 72, 8201), (1, 72, 131081)]:
+        nt, ns = schedule.choose(bs, rows, kv, 132, bs * rows)
+        assert bs * schedule.blocks_per_request(rows, nt) * ns <= 132 or ns == 1
+    assert 1 <= schedule.choose(1, 8, 10 ** 7, 132, 10 ** 6)[1] <= schedule.MAX_SPLITS
+    # the workspace bound: no more splits than keep total_rows x DL fp32 partials within the limit
+    rows = 4096
+    ns = schedule.choose(1, rows, 10 ** 6, 132, rows)[1]
+    assert ns * rows * schedule.DL * 4 <= schedule.WORKSPACE_LIMIT
+    # either may be fixed by the caller
+    assert schedule.choose(1, 72, 32777, 132, 72, nt=3)[0] == 3
+    assert schedule.choose(1, 72, 32777, 132, 72, nsplit=7)[1] == 7
+    assert schedule.choose(1, 72, 30, 132, 72, nt=5, nsplit=4) == (5, 4)
+
+
+def test_launch_model_prefers_what_the_h200_measured():
+    """The model's choice against timings on the H200 (graph replay, L2 flushed; kdkit bench's
+    method): for each shape, the measured best (nt, nsplit) beats the runner-up that the model
+    would also weigh. A change of the constants that flips one of these is a change of behaviour."""
+    cost = lambda bs, rows, kv, nt, ns: schedule.modelled_us(  # noqa: E731
+        bs, schedule.blocks_per_request(rows, nt), kv, nt, ns, 132)
+    # (bs, rows, kv): measured faster (nt, ns) -> measured slower (nt, ns), us
+    for bs, rows, kv, fast, slow in [
+            (1, 72, 30, (1, 1), (5, 1)),            # 8.5 vs 15.4
+            (1, 72, 1033, (1, 16), (5, 33)),        # 16.0 vs 21.4
+            (1, 72, 8201, (5, 65), (1, 32)),        # 26.1 vs 28.3
+            (8, 72, 1033, (5, 7), (1, 3)),          # 27.6 vs 32.2
+            (1, 512, 1088, (5, 9), (1, 4))]:        # 26.0 vs 29.6
+        assert cost(bs, rows, kv, *fast) < cost(bs, rows, kv, *slow)
 
 
 def test_params_pack_roundtrip():

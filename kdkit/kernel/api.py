@@ -122,8 +122,11 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
     if nsplit is not None:
         require(1 <= int(nsplit) <= schedule.MAX_SPLITS, "nsplit", f"{nsplit} outside 1..{schedule.MAX_SPLITS}")
     rows = int(max_q_len) * H
-    nt = nt or schedule.choose_nt(rows)
-    require(nt in spec.NT_CHOICES, "nt", f"{nt}: choose one of {spec.NT_CHOICES}")
+    require(nt is None or nt in spec.NT_CHOICES, "nt", f"{nt}: choose one of {spec.NT_CHOICES}")
+    total_rows = T * H
+    sm_count = torch.cuda.get_device_properties(dev).multi_processor_count
+    nt, ns = schedule.choose(sizes["bs"], rows, sizes["max_kv_len"], sm_count, total_rows, nt=nt,
+                             nsplit=None if nsplit is None else int(nsplit))
     idx = dict(qo_t=qo_indptr.dtype, kvp_t=kv_indptr.dtype, kvi_t=kv_indices.dtype,
                pfx_t=prefix_lens.dtype if prefix_lens is not None else torch.int64,
                mip_t=mask_indptr.dtype if mask_indptr is not None else torch.int64)
@@ -132,11 +135,7 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
     except (KeyError, ValueError) as e:
         raise InputError(f"field 'mutant': {e}") from None
     rpc = schedule.rows_per_block(rows, nt)
-    blocks = schedule.cdiv(rows, rpc) if rows else 1
-    total_rows = T * H
-    sm_count = torch.cuda.get_device_properties(dev).multi_processor_count
-    ns = int(nsplit) if nsplit is not None else schedule.choose_nsplit(
-        sizes["bs"], blocks, sizes["max_kv_len"], sm_count, total_rows)
+    blocks = schedule.blocks_per_request(rows, nt)
     if ns > 1 and ns * total_rows * spec.DL * 4 > schedule.WORKSPACE_LIMIT:
         raise InputError(f"field 'nsplit': {ns} splits x {total_rows} rows x {spec.DL} fp32 needs "
                          f"{ns * total_rows * spec.DL * 4 >> 20} MiB of workspace (limit "

@@ -36,26 +36,56 @@ def rows_per_block(rows: int, nt: int) -> int:
     return min(8 * nt, 8 * cdiv(cdiv(rows, blocks), 8))
 
 
-# Fixed cost of one block in units of one KV step (32 rows): gathering Q, the epilogue's writes,
-# and for a split its share of the merge (2 KB of fp32 partial per query row, written and read).
-BLOCK_OVERHEAD_STEPS = 4
-MERGE_OVERHEAD_STEPS = 2
+def blocks_per_request(rows: int, nt: int) -> int:
+    return cdiv(rows, rows_per_block(rows, nt)) if rows else 1
 
 
-def choose_nsplit(bs: int, blocks_per_request: int, max_kv_len: int, sm_count: int, total_rows: int) -> int:
-    """The split count with the least modelled time: blocks run one per SM (~95 KB of shared
-    memory, ~250 registers x 256 threads), so a launch takes ceil(blocks / SMs) waves of the
-    longest block, which streams ceil(steps / nsplit) steps plus a fixed overhead. Ties go to
-    fewer splits (less workspace); the workspace stays bounded."""
-    steps = max(1, cdiv(max_kv_len, BLOCK_N))
-    per_split = max(1, bs * blocks_per_request)
-    by_ws = max(1, WORKSPACE_LIMIT // max(1, total_rows * DL * 4))  # fp32 partial rows of DL dims
-    best, best_cost = 1, None
-    for ns in range(1, min(MAX_SPLITS, steps, by_ws) + 1):
-        waves = cdiv(per_split * ns, sm_count)
-        cost = waves * (cdiv(steps, ns) + BLOCK_OVERHEAD_STEPS) + (MERGE_OVERHEAD_STEPS if ns > 1 else 0)
-        if best_cost is None or cost < best_cost:
-            best, best_cost = ns, cost
+# The launch-time model, in microseconds, fitted to the H200 (graph replay, L2 flushed, 2026-12-01:
+# every query-row count 8..40 x 4 split counts on 14 shapes of the bench grid, median error 8%).
+# A KV step (32 rows) costs a block ~0.70 us plus ~0.27 us per n-tile of 8 query rows (the loop is
+# latency-bound: 5x the rows cost 1.9x the time); a block's fixed work (gathering Q, the epilogue,
+# the wait for its first tile) ~1.96 us per n-tile; the merge of the splits' partials ~5 us. Only
+# the ratios matter to the choice; another GPU shifts them little (all latency, no bandwidth).
+STEP_US = 0.70
+STEP_US_PER_NTILE = 0.27
+BLOCK_US_PER_NTILE = 1.96
+MERGE_US = 5.0
+
+
+def modelled_us(bs: int, blocks: int, max_kv_len: int, nt: int, nsplit: int, sm_count: int) -> float:
+    """The modelled time of a launch: blocks run one per SM (~80-100 KB of shared memory and up to
+    255 registers x 256 threads on sm_120), so a launch takes ceil(blocks / SMs) waves of its
+    longest block, which streams ceil(steps / nsplit) KV steps and does its fixed work."""
+    steps = cdiv(max(1, cdiv(max_kv_len, BLOCK_N)), nsplit)
+    waves = cdiv(bs * blocks * nsplit, sm_count)
+    block = steps * (STEP_US + STEP_US_PER_NTILE * nt) + BLOCK_US_PER_NTILE * nt
+    return waves * block + (MERGE_US if nsplit > 1 else 0.0)
+
+
+def max_splits(max_kv_len: int, total_rows: int) -> int:
+    """No more splits than KV steps, than the merge's weight table holds, or than keep the fp32
+    partials (total_rows x DL per split) within WORKSPACE_LIMIT."""
+    by_ws = max(1, WORKSPACE_LIMIT // max(1, total_rows * DL * 4))
+    return max(1, min(MAX_SPLITS, cdiv(max_kv_len, BLOCK_N), by_ws))
+
+
+def choose(bs: int, rows: int, max_kv_len: int, sm_count: int, total_rows: int,
+           nt: int | None = None, nsplit: int | None = None) -> tuple[int, int]:
+    """(query n-tiles per block, KV splits per request) with the least modelled time, from the
+    shape and the SM count alone; either may be fixed by the caller. The block sizes weighed are
+    the fewest blocks per request (choose_nt: long KV, where every block streams many steps) and
+    8 rows (short KV, where a block's fixed work is the time): the two the model was checked
+    against at their best split counts. Ties go to more rows per block (fewer blocks read each KV
+    row), then to fewer splits (less workspace)."""
+    nts = (nt,) if nt is not None else tuple(sorted({choose_nt(rows), 1}))
+    best, best_key = None, None
+    for t in nts:
+        blocks = blocks_per_request(rows, t)
+        splits = (nsplit,) if nsplit is not None else range(1, max_splits(max_kv_len, total_rows) + 1)
+        for ns in splits:
+            key = (modelled_us(bs, blocks, max_kv_len, t, ns, sm_count), -t, ns)
+            if best_key is None or key < best_key:
+                best, best_key = (t, ns), key
     return best
 
 

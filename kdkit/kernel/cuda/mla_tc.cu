@@ -79,12 +79,13 @@ using bf16 = __nv_bfloat16;
 #define KD_PPITCH (KD_BN + 8)           // P tile pitch (bf16): 80-byte rows, ldmatrix conflict-free
 #define KD_MAX_SLACK 8.f                // a column's max moves when a score passes it by this (log2)
 
-// dynamic shared memory, bytes: KV ring | partial scores | P | rescale per column
+// dynamic shared memory, bytes: KV ring | partial scores | P | rescale per column | token per column
 #define KD_STAGE_BYTES (KD_BN * KD_ROW_BYTES)
 #define KD_OFF_S (KD_STAGES * KD_STAGE_BYTES)
 #define KD_OFF_P (KD_OFF_S + KD_KG * KD_NQ * KD_SPITCH * 4)
 #define KD_OFF_ALPHA (KD_OFF_P + KD_NQ * KD_PPITCH * 2)
-#define KD_SMEM_BYTES (KD_OFF_ALPHA + KD_NQ * 4)
+#define KD_OFF_TOK (KD_OFF_ALPHA + KD_NQ * 4)
+#define KD_SMEM_BYTES (KD_OFF_TOK + KD_NQ * 4)
 #define KD_OPITCH (KD_DL + 4)           // epilogue's O tile pitch (fp32): fragment stores conflict-free
 
 static_assert(KD_SMEM_BYTES <= KD_SMEM_LIMIT, "shared memory per block exceeds sm_120's 99 KB");
@@ -96,7 +97,8 @@ static_assert(KD_DL % (16 * KD_WARPS) == 0, "output dims split evenly in m-tiles
 static_assert(KD_CHUNKS % 8 == 0, "the XOR swizzle permutes 16-byte chunks within groups of 8");
 static_assert(KD_NT >= 1 && KD_NQ <= KD_THREADS, "query rows per block");
 static_assert(KD_NQ * KD_OPITCH * 4 <= KD_OFF_P, "the epilogue's O tile fits in the ring and score tile");
-static_assert(2 * KD_NQ * 4 <= KD_NQ * KD_PPITCH * 2, "the epilogue's max and sum fit in the P tile");
+static_assert(2 * KD_NQ * 4 + KD_NQ * 8 <= KD_NQ * KD_PPITCH * 2 && KD_OFF_P % 8 == 0,
+              "the epilogue's max, sum and row destinations fit in the P tile");
 static_assert(KD_OPITCH % 32 == 4, "O tile stores: bank 8t + 4c + g, no conflict");
 
 // what Python reads back from the build (kdkit/kernel/spec.py): one source for these numbers
@@ -151,6 +153,8 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   float* sS = reinterpret_cast<float*>(smem + KD_OFF_S);
   bf16* sP = reinterpret_cast<bf16*>(smem + KD_OFF_P);
   float* sAlpha = reinterpret_cast<float*>(smem + KD_OFF_ALPHA);
+  int* sTok = reinterpret_cast<int*>(smem + KD_OFF_TOK);  // query column -> its token in the request
+  if (tid < KD_NQ) sTok[tid] = (row0 + tid) / H;  // read after the first step's barrier
   const kd_u32 s_ring = kd::smem_addr(smem);
   const kd_u32 s_p = kd::smem_addr(sP);
 
@@ -265,7 +269,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
       if (!plain) {
         visible = visible && pos < kv_end;
         if (visible && pos >= prefix) {
-          const int i = (row0 + q) / H, jc = pos - prefix;
+          const int i = sTok[q], jc = pos - prefix;
           if (mask)
             visible = mask[mask_base + static_cast<kd_i64>(KD_MUT_MASK_ROW(i, n)) * mask_pitch + prefix +
                            KD_MUT_MASK_COL(jc, n)] != 0;
@@ -296,8 +300,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
         if (ks + 1 < KD_KSTEPS) kd::ldsm_x4(a_lane + (ks + 1) * 128, a[(ks + 1) & 1]);
         if (KD_MUT_QK_DIMS(KD_D) < KD_D && (dg + KD_KG * ks) * 16 >= KD_MUT_QK_DIMS(KD_D)) continue;
 #pragma unroll
-        for (int nt = 0; nt < KD_NT; ++nt)
-          if (nt * 8 < nrows) kd::mma_bf16(s[nt], a[ks & 1], qf[nt][ks][0], qf[nt][ks][1]);
+        for (int nt = 0; nt < KD_NT; ++nt) kd::mma_bf16(s[nt], a[ks & 1], qf[nt][ks][0], qf[nt][ks][1]);
       }
       // S^T fragment (row = KV mg*16 + g (+8), col = query 8nt + 2t (+1)) -> sS[dg][col][row]
 #pragma unroll
@@ -331,25 +334,48 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     // (fine in fp32 and bf16) and the rescale is 1, so a step costs one vote per column, not two
     // five-level shuffle reductions and a rescale of O.
     {
+      // every column's score first (their shared-memory loads in flight together), then one vote:
+      // does any column's max move this step? Only then the per-column votes and reductions
+      float x[KD_NT];
+      bool moves = false;
 #pragma unroll
       for (int j = 0; j < KD_NT; ++j) {
-        const int q = warp + 8 * j;
-        const float* sc = sS + q * KD_SPITCH + lane;
-        const float s = (sc[0] + sc[KD_NQ * KD_SPITCH]) + (sc[2 * KD_NQ * KD_SPITCH] + sc[3 * KD_NQ * KD_SPITCH]);
-        float x = s * scale_log2;  // the score in log2 units, -inf where not visible
-        if (cap > 0.f) x = cap * tanhf(s * scale / cap) * KD_LOG2E;
-        if (!((vis >> j) & 1u)) x = -KD_INF;
-        float alpha = 1.f;
-        if (__any_sync(0xffffffffu, x > m_run[j] + KD_MAX_SLACK)) {  // warp-uniform, rare after the start
-          const float m_new = fmaxf(m_run[j], kd::warp_max(x));
-          alpha = m_run[j] == -KD_INF ? 1.f : kd::fast_exp2(m_run[j] - m_new);
-          l_run[j] *= alpha;
-          m_run[j] = m_new;
+        const float* sc = sS + (warp + 8 * j) * KD_SPITCH + lane;
+        x[j] = (sc[0] + sc[KD_NQ * KD_SPITCH]) + (sc[2 * KD_NQ * KD_SPITCH] + sc[3 * KD_NQ * KD_SPITCH]);
+      }
+      // the score in log2 units, -inf where not visible (one branch for the cap, not one per column)
+      if (cap > 0.f) {
+#pragma unroll
+        for (int j = 0; j < KD_NT; ++j) x[j] = cap * tanhf(x[j] * scale / cap) * KD_LOG2E;
+      } else {
+#pragma unroll
+        for (int j = 0; j < KD_NT; ++j) x[j] *= scale_log2;
+      }
+#pragma unroll
+      for (int j = 0; j < KD_NT; ++j) {
+        if (!((vis >> j) & 1u)) x[j] = -KD_INF;
+        moves |= x[j] > m_run[j] + KD_MAX_SLACK;
+      }
+      float alpha[KD_NT];
+#pragma unroll
+      for (int j = 0; j < KD_NT; ++j) alpha[j] = 1.f;
+      if (__any_sync(0xffffffffu, moves)) {  // warp-uniform, rare after the start
+#pragma unroll
+        for (int j = 0; j < KD_NT; ++j) {
+          if (__any_sync(0xffffffffu, x[j] > m_run[j] + KD_MAX_SLACK)) {
+            const float m_new = fmaxf(m_run[j], kd::warp_max(x[j]));
+            alpha[j] = m_run[j] == -KD_INF ? 1.f : kd::fast_exp2(m_run[j] - m_new);
+            l_run[j] *= alpha[j];
+            m_run[j] = m_new;
+          }
         }
-        const float pj = m_run[j] == -KD_INF ? 0.f : kd::fast_exp2(x - m_run[j]);
+      }
+#pragma unroll
+      for (int j = 0; j < KD_NT; ++j) {
+        const float pj = m_run[j] == -KD_INF ? 0.f : kd::fast_exp2(x[j] - m_run[j]);
         l_run[j] += pj;  // this lane's share
-        sP[q * KD_PPITCH + lane] = __float2bfloat16(pj);
-        if (lane == 0) sAlpha[q] = alpha;
+        sP[(warp + 8 * j) * KD_PPITCH + lane] = __float2bfloat16(pj);
+        if (lane == 0) sAlpha[warp + 8 * j] = alpha[j];
       }
     }
     __syncthreads();
@@ -376,8 +402,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
       kd_u32 pb[KD_NT][4];
 #pragma unroll
       for (int nt = 0; nt < KD_NT; ++nt)
-        if (nt * 8 < nrows)
-          kd::ldsm_x4(s_p + ((nt * 8 + (lane & 7)) * KD_PPITCH + (lane >> 3) * 8) * 2, pb[nt]);
+        kd::ldsm_x4(s_p + ((nt * 8 + (lane & 7)) * KD_PPITCH + (lane >> 3) * 8) * 2, pb[nt]);
       // V^T: lane row (lane & 7) + 8 (lane >> 4) of each 16-row k-step, chunk
       // V_DIM0/8 + 8 warp + 2 mt + hi, swizzled in its low 3 bits by the row's (lane & 7)
       const int vr0 = (lane & 7) + (lane >> 4) * 8, vhi = (lane >> 3) & 1;
@@ -393,8 +418,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
           kd_u32 a[4];
           kd::ldsm_x4_trans(v_lane[mt] + ks * 16 * KD_ROW_BYTES, a);
 #pragma unroll
-          for (int nt = 0; nt < KD_NT; ++nt)
-            if (nt * 8 < nrows) kd::mma_bf16(o[mt][nt], a, pb[nt][2 * ks], pb[nt][2 * ks + 1]);
+          for (int nt = 0; nt < KD_NT; ++nt) kd::mma_bf16(o[mt][nt], a, pb[nt][2 * ks], pb[nt][2 * ks + 1]);
         }
       }
     }
@@ -407,6 +431,14 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   float* sO = reinterpret_cast<float*>(smem);  // [KD_NQ][KD_OPITCH]
   float* sM = reinterpret_cast<float*>(smem + KD_OFF_P);
   float* sL = sM + KD_NQ;
+  kd_i64* sDst = reinterpret_cast<kd_i64*>(sL + KD_NQ);  // each row's first element in out / o_part
+  const bool direct = p.nsplit == 1;
+  // each row's destination, computed once (the store loop below then has no division by H)
+  if (tid < nrows) {
+    const int r = row0 + tid, i = r / H, h = r % H;
+    sDst[tid] = direct ? static_cast<kd_i64>(qs + i) * p.out_stride_tok + static_cast<kd_i64>(h) * p.out_stride_head
+                       : (static_cast<kd_i64>(split) * p.total_rows + static_cast<kd_i64>(qs + i) * H + h) * KD_DL;
+  }
 #pragma unroll
   for (int j = 0; j < KD_NT; ++j) l_run[j] = kd::warp_sum(l_run[j]);
   if (lane == 0) {
@@ -427,26 +459,24 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
       d0[KD_OPITCH + 8] = o[mt][nt][3];
     }
   __syncthreads();
-  const bool direct = p.nsplit == 1;
-  for (int e = tid; e < nrows * (KD_DL / 4); e += KD_THREADS) {
-    const int q = e / (KD_DL / 4), d = (e % (KD_DL / 4)) * 4;
+  // KD_EPI_ROWS rows per pass, a row's KD_DL / 4 float4s over consecutive threads
+  static_assert(KD_THREADS % (KD_DL / 4) == 0, "the epilogue's passes cover whole rows");
+  constexpr int KD_EPI_ROWS = KD_THREADS / (KD_DL / 4);
+  const int d = (tid % (KD_DL / 4)) * 4;
+  for (int q = tid / (KD_DL / 4); q < nrows; q += KD_EPI_ROWS) {
     const float l = sL[q];
-    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float inv = l > 0.f ? __frcp_rn(l) : 0.f;  // the correctly rounded 1 / l, without a division
     const float4 v = *reinterpret_cast<const float4*>(sO + q * KD_OPITCH + d);
-    const int r = row0 + q, i = r / H, h = r % H;
+    const kd_i64 dst = sDst[q] + d;
     if (direct) {
-      bf16* orow = static_cast<bf16*>(p.out) + static_cast<kd_i64>(qs + i) * p.out_stride_tok +
-                   static_cast<kd_i64>(h) * p.out_stride_head;
       const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x * inv, v.y * inv);
       const __nv_bfloat162 hi = __floats2bfloat162_rn(v.z * inv, v.w * inv);
       uint2 packed;
       packed.x = *reinterpret_cast<const kd_u32*>(&lo);
       packed.y = *reinterpret_cast<const kd_u32*>(&hi);
-      *reinterpret_cast<uint2*>(orow + d) = packed;
+      *reinterpret_cast<uint2*>(static_cast<bf16*>(p.out) + dst) = packed;
     } else {
-      const kd_i64 grow = static_cast<kd_i64>(qs + i) * H + h;
-      *reinterpret_cast<float4*>(p.o_part + (static_cast<kd_i64>(split) * p.total_rows + grow) * KD_DL + d) =
-          make_float4(v.x * inv, v.y * inv, v.z * inv, v.w * inv);
+      *reinterpret_cast<float4*>(p.o_part + dst) = make_float4(v.x * inv, v.y * inv, v.z * inv, v.w * inv);
     }
   }
   if (tid < nrows) {
