@@ -46,7 +46,7 @@ def blocks_per_request(rows: int, nt: int) -> int:
 # A KV step (32 rows) costs a block ~0.70 us plus ~0.27 us per n-tile of 8 query rows (the loop is
 # latency-bound: 5x the rows cost 1.9x the time); a block's fixed work (gathering Q, the epilogue,
 # the wait for its first tile) ~1.96 us per n-tile; the merge of the splits' partials ~5 us. Only
-# the ratios matter to the choice; another GPU shifts them little (all latency, no bandwidth).
+# the ratios matter to the choice; they are the H200's (another GPU's would need its own sweep).
 STEP_US = 0.70
 STEP_US_PER_NTILE = 0.27
 BLOCK_US_PER_NTILE = 1.96
@@ -75,9 +75,9 @@ def choose(bs: int, rows: int, max_kv_len: int, sm_count: int, total_rows: int,
     """(query n-tiles per block, KV splits per request) with the least modelled time, from the
     shape and the SM count alone; either may be fixed by the caller. The block sizes weighed are
     the fewest blocks per request (choose_nt: long KV, where every block streams many steps) and
-    8 rows (short KV, where a block's fixed work is the time): the two the model was checked
-    against at their best split counts. Ties go to more rows per block (fewer blocks read each KV
-    row), then to fewer splits (less workspace)."""
+    8 rows (short KV, where a block's fixed work is the time); sizes between were slower than one
+    of these two on every shape of the sweep. Ties go to more rows per block (fewer blocks read
+    each KV row), then to fewer splits (less workspace)."""
     nts = (nt,) if nt is not None else tuple(sorted({choose_nt(rows), 1}))
     best, best_key = None, None
     for t in nts:
