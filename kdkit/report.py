@@ -203,11 +203,20 @@ def outcome(rep) -> tuple[bool, str]:
     bad = failed(rep)
     lint_errors = sorted({f.code for f in _findings(rep) if f.severity == "error"})
     parts = []
-    if bad:
-        parts.append(f"{len(bad)} backend(s) failed: {', '.join(r.backend for r in bad)}")
+    if bad:  # each with why: a one-line verdict must be enough to tell a failed check from a crash
+        parts.append(f"{len(bad)} backend(s) failed: " + ", ".join(_why_bad(r) for r in bad))
     if lint_errors:
         parts.append(f"lint errors: {', '.join(lint_errors)}")
     return (not parts, "; ".join(parts) if parts else "pass")
+
+
+def _why_bad(row, width: int = 120) -> str:
+    """'torch (fail: ulp_row 1.3 > ...)' or 'torch (error: RuntimeError: ...)', the reason cut to one
+    short line."""
+    why = " ".join(str(getattr(row, "reason", "") or "").split())
+    if len(why) > width:
+        why = why[:width - 3] + "..."
+    return f"{row.backend} ({row.status}{': ' + why if why else ''})"
 
 
 def _summary(rep) -> str:

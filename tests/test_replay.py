@@ -192,3 +192,19 @@ def test_a_case_the_oracle_cannot_read_gives_error_rows_and_the_lint():
         if importlib.util.find_spec("kdkit.lint") is not None:
             assert any(f.severity == "error" for f in rep.lint), rep.lint
         assert "error" in rep.table()
+
+
+def test_outcome_line_says_why_each_backend_failed():
+    """The one-line verdict (capture.ipynb's table, report index pages) tells a failed check from a
+    crash: each bad backend with its status and reason, cut to one short line."""
+    from types import SimpleNamespace
+
+    from kdkit import report
+    from kdkit.replay import Row
+    rep = SimpleNamespace(rows=[Row("oracle", "pass", None, 0.0),
+                                Row("torch", "fail", None, 0.0, reason="ulp_row 3.1 > 2.0\n(2x production)"),
+                                Row("cuda", "error", None, 0.0, reason="RuntimeError: " + "x" * 300)])
+    ok, line = report.outcome(rep)
+    assert not ok and line.startswith("2 backend(s) failed: torch (fail: ulp_row 3.1 > 2.0 (2x production)), cuda (error: RuntimeError: x")
+    assert "\n" not in line and len(line) < 250 and line.endswith("...)")
+    assert report.outcome(SimpleNamespace(rows=[Row("oracle", "pass", None, 0.0)])) == (True, "pass")
