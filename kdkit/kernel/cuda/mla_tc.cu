@@ -78,6 +78,10 @@ using bf16 = __nv_bfloat16;
 #define KD_SPITCH 36                    // score tile pitch (fp32): word 8t+g, no bank conflict
 #define KD_PPITCH (KD_BN + 8)           // P tile pitch (bf16): 80-byte rows, ldmatrix conflict-free
 #define KD_MAX_SLACK 8.f                // a column's max moves when a score passes it by this (log2)
+// a column's max before it has seen a score: finite, so 2^(x - max) needs no -inf test (2^-inf = 0
+// for a hidden score; the first visible one moves the max, and 2^(floor - max) = 0 rescales the
+// zero sum and output it had); a row that sees nothing keeps it and its sum 0 (LSE -inf)
+#define KD_M_FLOOR (-1e30f)
 
 // dynamic shared memory, bytes: KV ring | partial scores | P | rescale per column | token per column
 #define KD_STAGE_BYTES (KD_BN * KD_ROW_BYTES)
@@ -97,8 +101,8 @@ static_assert(KD_DL % (16 * KD_WARPS) == 0, "output dims split evenly in m-tiles
 static_assert(KD_CHUNKS % 8 == 0, "the XOR swizzle permutes 16-byte chunks within groups of 8");
 static_assert(KD_NT >= 1 && KD_NQ <= KD_THREADS, "query rows per block");
 static_assert(KD_NQ * KD_OPITCH * 4 <= KD_OFF_P, "the epilogue's O tile fits in the ring and score tile");
-static_assert(2 * KD_NQ * 4 + KD_NQ * 8 <= KD_NQ * KD_PPITCH * 2 && KD_OFF_P % 8 == 0,
-              "the epilogue's max, sum and row destinations fit in the P tile");
+static_assert(3 * KD_NQ * 4 + KD_NQ * 8 <= KD_NQ * KD_PPITCH * 2 && KD_OFF_P % 8 == 0,
+              "the epilogue's max, sum, 1 / sum and row destinations fit in the P tile");
 static_assert(KD_OPITCH % 32 == 4, "O tile stores: bank 8t + 4c + g, no conflict");
 
 // what Python reads back from the build (kdkit/kernel/spec.py): one source for these numbers
@@ -188,9 +192,33 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     for (int j = 0; j < KD_CHUNKS / 8; ++j) kd::cp_async_16(dst + j * 128, from + j * 64, valid);
     kd::cp_async_commit();
   };
+  // ---- Q: the block's rows copied (cp.async, first, so their flight overlaps the index chain of
+  // the first KV tile) into the ring's second stage and the score tile, both free until the first
+  // step, then read as B fragments through ldmatrix: a dozen 16-byte copies per thread instead of
+  // 2 x KD_KSTEPS x KD_NT four-byte loads. Rows past nrows are zero-filled (their columns are idle).
+  static_assert(KD_OFF_S == 2 * KD_STAGE_BYTES && KD_NQ * KD_ROW_BYTES <= KD_OFF_P - KD_STAGE_BYTES,
+                "Q's rows fit in the ring's second stage and the score tile behind it");
+  static_assert(KD_THREADS >= KD_NQ, "at least one thread per Q row");
+  const kd_u32 s_q = s_ring + KD_STAGE_BYTES;
+  {
+    constexpr int TPR = KD_THREADS / KD_NQ;  // threads per Q row
+    const int qr = tid / TPR, sub = tid % TPR;
+    if (qr < KD_NQ) {
+      const bool valid = qr < nrows;
+      const int r = row0 + (valid ? qr : 0);
+      const bf16* qrow = qg + static_cast<kd_i64>(qs + r / H) * p.q_stride_tok +
+                         static_cast<kd_i64>(KD_MUT_HEAD(r % H, H)) * p.q_stride_head;
+      for (int c = sub; c < KD_CHUNKS; c += TPR) kd::cp_async_16(s_q + tile_off(qr, c), qrow + c * 8, valid);
+    }
+    kd::cp_async_commit();
+  }
+
   KD_KVI_T idx1 = fetch_index(kv_begin + KD_BN + ld_row);       // step 1
   KD_KVI_T idx2 = fetch_index(kv_begin + 2 * KD_BN + ld_row);   // step 2
-  if (nsteps > 0) copy_step(0, row_src(kv_begin + ld_row, fetch_index(kv_begin + ld_row)));
+  if (nsteps > 0)
+    copy_step(0, row_src(kv_begin + ld_row, fetch_index(kv_begin + ld_row)));
+  else
+    kd::cp_async_commit();  // an empty group: the wait for Q below counts on one group after it
   if (nsteps > 1) prefetch_l2(row_src(kv_begin + KD_BN + ld_row, idx1));
   // The split that reaches the draft reads, at its last step, bytes nothing has touched yet: the
   // mask's draft columns of this block's tokens and (sglang layout) the draft's V rows. Pull them
@@ -213,33 +241,50 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
 
   // ---- Q as B fragments, this warp's dim group only: B[k = dim][n = row] = q[row][dim] --------
   const int mg = warp & 1, dg = warp >> 1;
+  // qf[nt][ks] = {q[8nt + g][d + 2t, +1], q[8nt + g][d + 8 + 2t, +1]}, d = 16 (dg + 4 ks) (k-step
+  // dg + 4 ks: see the QK loop). ldmatrix matrix m of a lane's x4 is 8 Q rows x 8 dims: k-step
+  // ks + (m >> 1), dims + 8 (m & 1); its lane (g, t) receives row g, dims 2t, 2t + 1
+  kd::cp_async_wait<1>();  // Q's group landed (the first tile's, committed after it, may still fly)
+  __syncthreads();
   kd_u32 qf[KD_NT][KD_KSTEPS][2];
+  {
+    const int mi = lane >> 3;
 #pragma unroll
-  for (int nt = 0; nt < KD_NT; ++nt) {
-    const int qr = nt * 8 + g;
-    const bool valid = qr < nrows;
-    const int r = row0 + (valid ? qr : 0);
-    const bf16* qrow = qg + static_cast<kd_i64>(qs + r / H) * p.q_stride_tok +
-                       static_cast<kd_i64>(KD_MUT_HEAD(r % H, H)) * p.q_stride_head;
+    for (int nt = 0; nt < KD_NT; ++nt) {
+      const int row = nt * 8 + (lane & 7);
 #pragma unroll
-    for (int ks = 0; ks < KD_KSTEPS; ++ks) {
-      const int d = (dg + KD_KG * ks) * 16 + 2 * t;  // k-step dg + 4 ks: see the QK loop
-      qf[nt][ks][0] = valid ? *reinterpret_cast<const kd_u32*>(qrow + d) : 0u;
-      qf[nt][ks][1] = valid ? *reinterpret_cast<const kd_u32*>(qrow + d + 8) : 0u;
+      for (int ks = 0; ks + 1 < KD_KSTEPS; ks += 2) {
+        kd_u32 r4[4];
+        kd::ldsm_x4(s_q + tile_off(row, 2 * (dg + KD_KG * (ks + (mi >> 1))) + (mi & 1)), r4);
+        qf[nt][ks][0] = r4[0]; qf[nt][ks][1] = r4[1];
+        qf[nt][ks + 1][0] = r4[2]; qf[nt][ks + 1][1] = r4[3];
+      }
+      if (KD_KSTEPS % 2) {
+        constexpr int ks = KD_KSTEPS - 1;
+        kd_u32 r2[2];
+        kd::ldsm_x2(s_q + tile_off(row, 2 * (dg + KD_KG * ks) + (mi & 1)), r2);
+        qf[nt][ks][0] = r2[0]; qf[nt][ks][1] = r2[1];
+      }
     }
   }
+  __syncthreads();  // the first step copies the next tile over Q
 
   float m_run[KD_NT], l_run[KD_NT];  // softmax state of columns warp + 8j: max (log2 units, the
                                      // warp's), this lane's share of the sum
   float o[KD_VMT][KD_NT][4];         // O^T fragments: dims 64*warp + 16*mt + (g, g+8), cols 8nt + 2t (+1)
 #pragma unroll
-  for (int j = 0; j < KD_NT; ++j) { m_run[j] = -KD_INF; l_run[j] = 0.f; }
+  for (int j = 0; j < KD_NT; ++j) { m_run[j] = KD_M_FLOOR; l_run[j] = 0.f; }
 #pragma unroll
   for (int mt = 0; mt < KD_VMT; ++mt)
 #pragma unroll
     for (int nt = 0; nt < KD_NT; ++nt)
 #pragma unroll
       for (int x = 0; x < 4; ++x) o[mt][nt][x] = 0.f;
+
+  // bit j: query column warp + 8j holds a row; a step wholly inside the prefix sees all of it
+  kd_u32 vis_live = 0;
+#pragma unroll
+  for (int j = 0; j < KD_NT; ++j) vis_live |= warp + 8 * j < nrows ? 1u << j : 0u;
 
   for (int it = 0; it < nsteps; ++it) {
     const int start = kv_begin + it * KD_BN;
@@ -261,13 +306,13 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     // all of it; otherwise the mask's bytes are loaded here, all at once, and arrive during QK.
     const int pos = start + lane;
     const bool plain = start + KD_BN <= prefix && start + KD_BN <= kv_end;  // block-uniform
-    kd_u32 vis = 0;
+    kd_u32 vis = vis_live;
+    if (!plain) {
+      vis = 0;
 #pragma unroll
-    for (int j = 0; j < KD_NT; ++j) {
-      const int q = warp + 8 * j;
-      bool visible = q < nrows;  // idle columns see nothing: p = 0
-      if (!plain) {
-        visible = visible && pos < kv_end;
+      for (int j = 0; j < KD_NT; ++j) {
+        const int q = warp + 8 * j;
+        bool visible = q < nrows && pos < kv_end;  // idle columns see nothing: p = 0
         if (visible && pos >= prefix) {
           const int i = sTok[q], jc = pos - prefix;
           if (mask)
@@ -276,8 +321,8 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
           else
             visible = !p.causal || jc <= i;
         }
+        vis |= visible ? 1u << j : 0u;
       }
-      vis |= visible ? 1u << j : 0u;
     }
 
     // ---- QK: partial S^T of KV m-tile mg over dim group dg ------------------------------------
@@ -331,8 +376,9 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     // ---- online softmax: column q = warp + 8j, lane = KV row of this step. Each lane keeps its
     // own share of the column's sum (reduced once, at the end), and the column's max moves only
     // when a score passes it by more than KD_MAX_SLACK (log2 units): until then p <= 2^KD_MAX_SLACK
-    // (fine in fp32 and bf16) and the rescale is 1, so a step costs one vote per column, not two
-    // five-level shuffle reductions and a rescale of O.
+    // (fine in fp32 and bf16) and the rescale is 1, so a step costs one vote per warp, not two
+    // five-level shuffle reductions per column and a rescale of O.
+    bool warp_moved;  // did a column of this warp move its max this step (warp-uniform)
     {
       // every column's score first (their shared-memory loads in flight together), then one vote:
       // does any column's max move this step? Only then the per-column votes and reductions
@@ -359,12 +405,13 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
       float alpha[KD_NT];
 #pragma unroll
       for (int j = 0; j < KD_NT; ++j) alpha[j] = 1.f;
-      if (__any_sync(0xffffffffu, moves)) {  // warp-uniform, rare after the start
+      warp_moved = __any_sync(0xffffffffu, moves);
+      if (warp_moved) {  // rare after the start
 #pragma unroll
         for (int j = 0; j < KD_NT; ++j) {
           if (__any_sync(0xffffffffu, x[j] > m_run[j] + KD_MAX_SLACK)) {
             const float m_new = fmaxf(m_run[j], kd::warp_max(x[j]));
-            alpha[j] = m_run[j] == -KD_INF ? 1.f : kd::fast_exp2(m_run[j] - m_new);
+            alpha[j] = kd::fast_exp2(m_run[j] - m_new);
             l_run[j] *= alpha[j];
             m_run[j] = m_new;
           }
@@ -372,31 +419,28 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
       }
 #pragma unroll
       for (int j = 0; j < KD_NT; ++j) {
-        const float pj = m_run[j] == -KD_INF ? 0.f : kd::fast_exp2(x[j] - m_run[j]);
+        const float pj = kd::fast_exp2(x[j] - m_run[j]);
         l_run[j] += pj;  // this lane's share
         sP[(warp + 8 * j) * KD_PPITCH + lane] = __float2bfloat16(pj);
         if (lane == 0) sAlpha[warp + 8 * j] = alpha[j];
       }
     }
-    __syncthreads();
+    // the barrier also tells every warp whether any column's max moved (block-uniform): only then
+    // are the rescales read and applied
+    const bool moved = __syncthreads_or(warp_moved);
 
     // ---- PV: O^T[64 dims of this warp x NQ] = alpha * O^T + V^T P^T ----------------------------
     {
-      float2 al[KD_NT];
-      bool moved = false;
+      if (moved) {
 #pragma unroll
-      for (int nt = 0; nt < KD_NT; ++nt) {
-        al[nt] = *reinterpret_cast<const float2*>(sAlpha + nt * 8 + 2 * t);
-        moved |= al[nt].x != 1.f || al[nt].y != 1.f;
-      }
-      if (__any_sync(0xffffffffu, moved)) {
-#pragma unroll
-        for (int nt = 0; nt < KD_NT; ++nt)
+        for (int nt = 0; nt < KD_NT; ++nt) {
+          const float2 al = *reinterpret_cast<const float2*>(sAlpha + nt * 8 + 2 * t);
 #pragma unroll
           for (int mt = 0; mt < KD_VMT; ++mt) {
-            o[mt][nt][0] *= al[nt].x; o[mt][nt][1] *= al[nt].y;
-            o[mt][nt][2] *= al[nt].x; o[mt][nt][3] *= al[nt].y;
+            o[mt][nt][0] *= al.x; o[mt][nt][1] *= al.y;
+            o[mt][nt][2] *= al.x; o[mt][nt][3] *= al.y;
           }
+        }
       }
       // P^T as B fragments: rows 8nt.. of P, KV 0..31 -> {ks0: r0, r1; ks1: r2, r3}
       kd_u32 pb[KD_NT][4];
@@ -432,6 +476,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   float* sM = reinterpret_cast<float*>(smem + KD_OFF_P);
   float* sL = sM + KD_NQ;
   kd_i64* sDst = reinterpret_cast<kd_i64*>(sL + KD_NQ);  // each row's first element in out / o_part
+  float* sInv = reinterpret_cast<float*>(sDst + KD_NQ);   // each row's 1 / sum (0: it saw nothing)
   const bool direct = p.nsplit == 1;
   // each row's destination, computed once (the store loop below then has no division by H)
   if (tid < nrows) {
@@ -446,6 +491,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     for (int j = 0; j < KD_NT; ++j) {
       sM[warp + 8 * j] = m_run[j];
       sL[warp + 8 * j] = l_run[j];
+      sInv[warp + 8 * j] = l_run[j] > 0.f ? 1.f / l_run[j] : 0.f;  // one division per row, not per store
     }
   }
 #pragma unroll
@@ -464,8 +510,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   constexpr int KD_EPI_ROWS = KD_THREADS / (KD_DL / 4);
   const int d = (tid % (KD_DL / 4)) * 4;
   for (int q = tid / (KD_DL / 4); q < nrows; q += KD_EPI_ROWS) {
-    const float l = sL[q];
-    const float inv = l > 0.f ? __frcp_rn(l) : 0.f;  // the correctly rounded 1 / l, without a division
+    const float inv = sInv[q];
     const float4 v = *reinterpret_cast<const float4*>(sO + q * KD_OPITCH + d);
     const kd_i64 dst = sDst[q] + d;
     if (direct) {
