@@ -78,10 +78,11 @@ using bf16 = __nv_bfloat16;
 #define KD_SPITCH 36                    // score tile pitch (fp32): word 8t+g, no bank conflict
 #define KD_PPITCH (KD_BN + 8)           // P tile pitch (bf16): 80-byte rows, ldmatrix conflict-free
 #define KD_MAX_SLACK 8.f                // a column's max moves when a score passes it by this (log2)
-// a column's max before it has seen a score: finite, so 2^(x - max) needs no -inf test (2^-inf = 0
-// for a hidden score; the first visible one moves the max, and 2^(floor - max) = 0 rescales the
-// zero sum and output it had); a row that sees nothing keeps it and its sum 0 (LSE -inf)
-#define KD_M_FLOOR (-1e30f)
+// a column's max before it has seen a score: the most negative finite float, so 2^(x - max) needs
+// no -inf test (2^-inf = 0 for a hidden score; any finite visible score moves the max, and
+// 2^(floor - max) = 0 rescales the zero sum and output it had); a row that sees nothing keeps it
+// and its sum 0 (LSE -inf)
+#define KD_M_FLOOR (-3.40282347e38f)
 
 // dynamic shared memory, bytes: KV ring | partial scores | P | rescale per column | token per column
 #define KD_STAGE_BYTES (KD_BN * KD_ROW_BYTES)
