@@ -48,16 +48,17 @@ def main(argv=None) -> int:
         case = make_case(Shape(bs, prefix, q_len))
         x = cuda.to_device(case)
         auto = cuda.plan_case(case, x)
-        for nt in spec.NT_CHOICES:
+        builds = [(nt, nh) for nh in spec.NH_CHOICES for nt in spec.NT_CHOICES if nt % nh == 0]
+        for nt, nh in builds:
             for ns in sorted({auto.nsplit, max(1, auto.nsplit // 4), max(1, auto.nsplit // 2),
                               min(spec.MAX_SPLITS, auto.nsplit * 2)}):
                 try:
-                    p = cuda.plan_case(case, x, nsplit=ns, nt=nt)
+                    p = cuda.plan_case(case, x, nsplit=ns, nt=nt, nh=nh)
                 except kernel.InputError as e:  # e.g. a split count over the workspace limit
                     print(f"skip {bs}x{prefix} q{q_len} nt {nt} nsplit {ns}: {e}", file=sys.stderr)
                     continue
                 fn = graph_of(lambda: kernel.run(p, x["q"], x["k"], x["v"], x["kv_buffer"]))
-                row = dict(bs=bs, prefix=prefix, q_len=q_len, nt=nt, nsplit=ns, auto_nt=auto.config.nt,
+                row = dict(bs=bs, prefix=prefix, q_len=q_len, nt=nt, nh=nh, nsplit=ns, auto_nt=auto.config.nt,
                            auto_ns=auto.nsplit, grid=list(p.grid), us=round(timer.us(fn, budget_s=args.budget_s), 2))
                 print(json.dumps(row), file=out, flush=True)
         del x

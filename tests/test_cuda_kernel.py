@@ -101,6 +101,33 @@ def test_block_sizes_agree(nt):
     assert v.passed, v.reasons
 
 
+@pytest.mark.parametrize("nt", [2, 4])
+def test_sixteen_warps_agree(nt):
+    """nh=2 (16 warps, each taking half of a phase's work) on the partial-n-tile shape, every bundled
+    case and a graph replay: the same rule as the 8-warp build."""
+    case = _named("block-sizes")
+    v = _judge(case, cuda.run(case, nt=nt, nh=2))
+    assert v.passed, v.reasons
+    for name in ["seed-shape.pt", "ragged-bs4.pt", "ddtree-b64.pt", "long-prefix-8k.pt"]:
+        case = load(DATA / name)
+        v = _judge(case, cuda.run(case, nt=nt, nh=2))
+        assert v.passed, (name, v.reasons)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_sixteen_warps_sweep(seed):
+    case = synth.random_case(seed)
+    v = _judge(case, cuda.run(case, nh=2))
+    assert v.passed, f"{case.summary()}: {v.reasons}"
+
+
+@pytest.mark.parametrize("mutant", sorted(kernel.MUTANTS))
+def test_sixteen_warp_mutants_fail(mutant):
+    case = _named("mutants")
+    assert _judge(case, cuda.run(case, nsplit=3, nh=2)).passed
+    assert not _judge(case, cuda.run(case, nsplit=3, nh=2, mutant=mutant)).passed, mutant
+
+
 def test_layouts_agree():
     case = _named("layouts")
     a = cuda.run(to_layout(case, "sglang")).out.float()

@@ -88,7 +88,7 @@ def _ptr(t) -> int:
 def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, prefix_lens=None,
          custom_mask=None, mask_indptr=None, logit_cap: float = 0.0, causal: bool = False,
          layout: str = "sglang", max_q_len: int | None = None, nsplit: int | None = None,
-         mutant: str | None = None, check: bool = True, nt: int | None = None,
+         mutant: str | None = None, check: bool = True, nt: int | None = None, nh: int | None = None,
          num_tokens: int | None = None, max_kv_len: int | None = None) -> Plan:
     """Host work for one batch. The grid covers `max_q_len` tokens per request (None: all T tokens
     of the call, so a graph replay stays right however the same T tokens are split among the
@@ -123,6 +123,11 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
         require(1 <= int(nsplit) <= schedule.MAX_SPLITS, "nsplit", f"{nsplit} outside 1..{schedule.MAX_SPLITS}")
     rows = int(max_q_len) * H
     require(nt is None or nt in spec.NT_CHOICES, "nt", f"{nt}: choose one of {spec.NT_CHOICES}")
+    nh = int(nh or 1)
+    require(nh in spec.NH_CHOICES, "nh", f"{nh}: choose one of {spec.NH_CHOICES} (2: 16 warps per block)")
+    if nh == 2 and nt is None:  # 16 warps need an even n-tile count: the larger block unless 16 rows do
+        nt = 4 if rows > 16 else 2
+    require(nt is None or nt % nh == 0, "nt", f"{nt} with nh={nh}: the query n-tiles must split evenly")
     total_rows = T * H
     sm_count = torch.cuda.get_device_properties(dev).multi_processor_count
     nt, ns = schedule.choose(sizes["bs"], rows, sizes["max_kv_len"], sm_count, total_rows, nt=nt,
@@ -131,7 +136,7 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
                pfx_t=prefix_lens.dtype if prefix_lens is not None else torch.int64,
                mip_t=mask_indptr.dtype if mask_indptr is not None else torch.int64)
     try:
-        cfg = spec.KernelConfig(nt=nt, mutant=mutant, **idx)
+        cfg = spec.KernelConfig(nt=nt, mutant=mutant, nh=nh, **idx)
     except (KeyError, ValueError) as e:
         raise InputError(f"field 'mutant': {e}") from None
     rpc = schedule.rows_per_block(rows, nt)

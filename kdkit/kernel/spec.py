@@ -25,6 +25,7 @@ MIN_ARCH = 80                 # mma.sync bf16 m16n8k16, ldmatrix and cp.async al
 MAX_SPLITS = 256             # KV splits per request at most: the merge kernel's weight table
 NT_CHOICES = (1, 2, 3, 4, 5)  # query n-tiles of 8 rows per block; 5 is the most that fits 99 KB
 DEFAULT_NT = 4
+NH_CHOICES = (1, 2)           # query halves: 1 -> 8 warps per block, 2 -> 16 warps (nt even), <= 128 registers
 DL, DR = KV_LORA_RANK, QK_ROPE_HEAD_DIM  # latent (= value) dims and rope dims of an MLA KV row
 _CTYPES = {torch.int32: "kd_i32", torch.int64: "kd_i64"}
 _SHORT = {torch.int32: "i32", torch.int64: "i64"}
@@ -34,6 +35,7 @@ _SHORT = {torch.int32: "i32", torch.int64: "i64"}
 class KernelConfig:
     nt: int = DEFAULT_NT      # query rows per block = 8 * nt
     mutant: str | None = None
+    nh: int = 1               # 16 warps per block when 2 (each QK/softmax/PV warp takes half the work)
     qo_t: torch.dtype = torch.int32
     kvp_t: torch.dtype = torch.int32
     kvi_t: torch.dtype = torch.int32
@@ -43,6 +45,9 @@ class KernelConfig:
     def __post_init__(self):
         if self.nt not in NT_CHOICES:
             raise ValueError(f"nt={self.nt}: choose one of {NT_CHOICES} (query rows per block = 8 * nt)")
+        if self.nh not in NH_CHOICES or self.nt % self.nh:
+            raise ValueError(f"nh={self.nh}: choose one of {NH_CHOICES}, dividing nt={self.nt} (the query "
+                             "n-tiles split evenly over the halves)")
         mutants.defines(self.mutant)  # raises on an unknown name
 
     @property
@@ -50,7 +55,7 @@ class KernelConfig:
         return 8 * self.nt
 
     def defines(self) -> dict:
-        d = {"KD_DL": DL, "KD_DR": DR, "KD_NT": self.nt, "KD_MAX_SPLITS": MAX_SPLITS,
+        d = {"KD_DL": DL, "KD_DR": DR, "KD_NT": self.nt, "KD_NH": self.nh, "KD_MAX_SPLITS": MAX_SPLITS,
              "KD_MERGE_GROUPS": MERGE_GROUPS, "KD_MERGE_THREADS": MERGE_THREADS,
              "KD_SMEM_LIMIT": jit.SM120_SMEM_LIMIT,
              "KD_QO_T": _CTYPES[self.qo_t], "KD_KVP_T": _CTYPES[self.kvp_t],
@@ -62,6 +67,8 @@ class KernelConfig:
     def tags(self) -> dict:
         t = {"nt": self.nt, "qo": _SHORT[self.qo_t], "kvp": _SHORT[self.kvp_t],
              "kvi": _SHORT[self.kvi_t], "mip": _SHORT[self.mip_t], "pfx": _SHORT[self.pfx_t]}
+        if self.nh != 1:
+            t["nh"] = self.nh
         if self.mutant:
             t["mut-"] = self.mutant
         return t

@@ -62,19 +62,28 @@ using bf16 = __nv_bfloat16;
 #ifndef KD_MERGE_THREADS
 #error "KD_MERGE_THREADS (threads of one merge group) comes from kdkit/kernel/spec.py"
 #endif
+#ifndef KD_NH
+#error "KD_NH (query halves: 1 -> 8 warps, 2 -> 16 warps per block) comes from kdkit/kernel/spec.py"
+#endif
 
 #define KD_D (KD_DL + KD_DR)            // score dims (576)
 #define KD_NQ (8 * KD_NT)               // query rows per block
 #define KD_BN 32                        // KV rows per pipeline step
 #define KD_STAGES 2                     // KV tiles in the ring
-#define KD_THREADS 256
+// KD_NH = 2 runs 16 warps: each QK warp takes half the query n-tiles, each softmax warp half the
+// columns, each PV warp half the output dims, so twice the warps hide the latencies of a step
+// (4 per scheduler instead of 2) at <= 128 registers each
+#define KD_THREADS (256 * KD_NH)
 #define KD_WARPS (KD_THREADS / 32)
+#define KD_NTH (KD_NT / KD_NH)          // query n-tiles per QK warp = query columns per softmax warp
+#define KD_LD_THREADS (KD_BN * 8)       // the KV loader's threads: 8 per KV row of a step
 #define KD_KG 4                         // dim groups of the QK product
 #define KD_KSTEPS (KD_D / 16 / KD_KG)   // k-steps of 16 dims per warp (9)
 #define KD_CHUNKS (KD_D / 8)            // 16-byte chunks per KV row (72)
 #define KD_ROW_BYTES (KD_D * 2)
 #define KD_VDIMS_WARP (KD_DL / KD_WARPS)  // output dims per warp (64)
-#define KD_VMT (KD_VDIMS_WARP / 16)     // output m-tiles per warp (4)
+#define KD_VMT (KD_VDIMS_WARP / 16)     // output m-tiles per warp (4; 2 at KD_NH 2)
+#define KD_VCH (KD_VDIMS_WARP / 8)      // 16-byte chunks of V per warp
 #define KD_SPITCH 36                    // score tile pitch (fp32): word 8t+g, no bank conflict
 #define KD_PPITCH (KD_BN + 8)           // P tile pitch (bf16): 80-byte rows, ldmatrix conflict-free
 #define KD_MAX_SLACK 8.f                // a column's max moves when a score passes it by this (log2)
@@ -94,7 +103,10 @@ using bf16 = __nv_bfloat16;
 #define KD_OPITCH (KD_DL + 4)           // epilogue's O tile pitch (fp32): fragment stores conflict-free
 
 static_assert(KD_SMEM_BYTES <= KD_SMEM_LIMIT, "shared memory per block exceeds sm_120's 99 KB");
-static_assert(KD_WARPS == 2 * KD_KG && KD_BN == 32, "QK: 2 KV m-tiles x 4 dim groups = 8 warps; softmax: lane = KV row");
+static_assert(KD_WARPS == 2 * KD_KG * KD_NH && KD_BN == 32,
+              "QK: 2 KV m-tiles x 4 dim groups x KD_NH query halves; softmax: lane = KV row");
+static_assert((KD_NH == 1 || KD_NH == 2) && KD_NT % KD_NH == 0, "the query n-tiles split evenly over the halves");
+static_assert(KD_LD_THREADS <= KD_THREADS && KD_LD_THREADS % 32 == 0, "the loader is whole warps");
 static_assert(KD_KG == 4, "dim group dg's k-steps dg + 4 ks keep the swizzled chunk of a lane constant");
 static_assert(KD_MUT_V_DIM0 % 64 == 0, "V's first dim keeps the 8-chunk swizzle groups aligned");
 static_assert(KD_D % (16 * KD_KG) == 0, "each dim group is a whole number of 16-dim k-steps");
@@ -166,14 +178,15 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   // ---- KV step loader. Thread -> KV row (tid >> 3) of a step, 16-byte chunks (tid & 7) + 8j of it:
   // one pool index per thread per step, fetched three steps ahead, the row pulled into L2 two steps
   // ahead, and copied to shared memory (cp.async) one step ahead, so no copy waits on an index.
-  const int ld_row = tid >> 3, ld_c0 = tid & 7;
+  const bool loader = tid < KD_LD_THREADS;  // warp-uniform; the other warps commit empty groups
+  const int ld_row = (tid >> 3) & (KD_BN - 1), ld_c0 = tid & 7;
   // chunk ld_c0 + 8j of the row lands at ld_dst + 128 j: the swizzle permutes within groups of 8,
   // so the nine copies of a step share one address register and use immediate offsets
   const kd_u32 ld_dst = tile_off(ld_row, ld_c0);
   // the pool index is kept as loaded (widened where it is used, two steps later), so the load's
   // latency never stalls the step that issues it
   auto fetch_index = [&](int pos) -> KD_KVI_T {
-    return (pos < kv_end && pos < pool_len) ? kv_indices[kv_start + pos] : static_cast<KD_KVI_T>(0);
+    return (loader && pos < kv_end && pos < pool_len) ? kv_indices[kv_start + pos] : static_cast<KD_KVI_T>(0);
   };
   auto row_src = [&](int pos, KD_KVI_T idx) -> const bf16* {
     if (pos >= kv_end) return nullptr;
@@ -181,7 +194,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
                           : kg_ + static_cast<kd_i64>(qs + pos - pool_len) * p.k_stride_tok;
   };
   auto prefetch_l2 = [&](const bf16* src) {
-    if (src == nullptr) return;  // 9 lines of 128 B per KV row: lines ld_c0 and, for ld_c0 0, line 8
+    if (!loader || src == nullptr) return;  // 9 lines of 128 B per KV row: ld_c0 and, for ld_c0 0, line 8
     asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src + ld_c0 * 64));
     if (ld_c0 == 0) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src + 8 * 64));
   };
@@ -189,8 +202,10 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     const kd_u32 dst = s_ring + stage * KD_STAGE_BYTES + ld_dst;
     const bool valid = src != nullptr;
     const bf16* from = (valid ? src : pool) + ld_c0 * 8;  // src-size 0 reads nothing when !valid
+    if (loader) {
 #pragma unroll
-    for (int j = 0; j < KD_CHUNKS / 8; ++j) kd::cp_async_16(dst + j * 128, from + j * 64, valid);
+      for (int j = 0; j < KD_CHUNKS / 8; ++j) kd::cp_async_16(dst + j * 128, from + j * 64, valid);
+    }
     kd::cp_async_commit();
   };
   // ---- Q: the block's rows copied (cp.async, first, so their flight overlaps the index chain of
@@ -241,18 +256,19 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   }
 
   // ---- Q as B fragments, this warp's dim group only: B[k = dim][n = row] = q[row][dim] --------
-  const int mg = warp & 1, dg = warp >> 1;
+  const int mg = warp & 1, dg = (warp >> 1) & (KD_KG - 1), nh = warp / (2 * KD_KG);
+  const int nt0 = nh * KD_NTH;  // this warp's first query n-tile in QK
   // qf[nt][ks] = {q[8nt + g][d + 2t, +1], q[8nt + g][d + 8 + 2t, +1]}, d = 16 (dg + 4 ks) (k-step
   // dg + 4 ks: see the QK loop). ldmatrix matrix m of a lane's x4 is 8 Q rows x 8 dims: k-step
   // ks + (m >> 1), dims + 8 (m & 1); its lane (g, t) receives row g, dims 2t, 2t + 1
   kd::cp_async_wait<1>();  // Q's group landed (the first tile's, committed after it, may still fly)
   __syncthreads();
-  kd_u32 qf[KD_NT][KD_KSTEPS][2];
+  kd_u32 qf[KD_NTH][KD_KSTEPS][2];
   {
     const int mi = lane >> 3;
 #pragma unroll
-    for (int nt = 0; nt < KD_NT; ++nt) {
-      const int row = nt * 8 + (lane & 7);
+    for (int nt = 0; nt < KD_NTH; ++nt) {
+      const int row = (nt0 + nt) * 8 + (lane & 7);
 #pragma unroll
       for (int ks = 0; ks + 1 < KD_KSTEPS; ks += 2) {
         kd_u32 r4[4];
@@ -270,11 +286,11 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   }
   __syncthreads();  // the first step copies the next tile over Q
 
-  float m_run[KD_NT], l_run[KD_NT];  // softmax state of columns warp + 8j: max (log2 units, the
-                                     // warp's), this lane's share of the sum
-  float o[KD_VMT][KD_NT][4];         // O^T fragments: dims 64*warp + 16*mt + (g, g+8), cols 8nt + 2t (+1)
+  float m_run[KD_NTH], l_run[KD_NTH];  // softmax state of columns warp + KD_WARPS j: max (log2
+                                       // units, the warp's), this lane's share of the sum
+  float o[KD_VMT][KD_NT][4];  // O^T fragments: dims KD_VDIMS_WARP*warp + 16*mt + (g, g+8), cols 8nt + 2t (+1)
 #pragma unroll
-  for (int j = 0; j < KD_NT; ++j) { m_run[j] = KD_M_FLOOR; l_run[j] = 0.f; }
+  for (int j = 0; j < KD_NTH; ++j) { m_run[j] = KD_M_FLOOR; l_run[j] = 0.f; }
 #pragma unroll
   for (int mt = 0; mt < KD_VMT; ++mt)
 #pragma unroll
@@ -282,10 +298,10 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
 #pragma unroll
       for (int x = 0; x < 4; ++x) o[mt][nt][x] = 0.f;
 
-  // bit j: query column warp + 8j holds a row; a step wholly inside the prefix sees all of it
+  // bit j: query column warp + KD_WARPS j holds a row; a step wholly inside the prefix sees all of it
   kd_u32 vis_live = 0;
 #pragma unroll
-  for (int j = 0; j < KD_NT; ++j) vis_live |= warp + 8 * j < nrows ? 1u << j : 0u;
+  for (int j = 0; j < KD_NTH; ++j) vis_live |= warp + KD_WARPS * j < nrows ? 1u << j : 0u;
 
   for (int it = 0; it < nsteps; ++it) {
     const int start = kv_begin + it * KD_BN;
@@ -311,8 +327,8 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     if (!plain) {
       vis = 0;
 #pragma unroll
-      for (int j = 0; j < KD_NT; ++j) {
-        const int q = warp + 8 * j;
+      for (int j = 0; j < KD_NTH; ++j) {
+        const int q = warp + KD_WARPS * j;
         bool visible = q < nrows && pos < kv_end;  // idle columns see nothing: p = 0
         if (visible && pos >= prefix) {
           const int i = sTok[q], jc = pos - prefix;
@@ -328,9 +344,9 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
 
     // ---- QK: partial S^T of KV m-tile mg over dim group dg ------------------------------------
     {
-      float s[KD_NT][4];
+      float s[KD_NTH][4];
 #pragma unroll
-      for (int nt = 0; nt < KD_NT; ++nt)
+      for (int nt = 0; nt < KD_NTH; ++nt)
 #pragma unroll
         for (int x = 0; x < 4; ++x) s[nt][x] = 0.f;
       // dim group dg takes k-steps dg, dg + 4, ..., dg + 32: the 16-byte chunk of k-step dg + 4 ks is
@@ -346,12 +362,12 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
         if (ks + 1 < KD_KSTEPS) kd::ldsm_x4(a_lane + (ks + 1) * 128, a[(ks + 1) & 1]);
         if (KD_MUT_QK_DIMS(KD_D) < KD_D && (dg + KD_KG * ks) * 16 >= KD_MUT_QK_DIMS(KD_D)) continue;
 #pragma unroll
-        for (int nt = 0; nt < KD_NT; ++nt) kd::mma_bf16(s[nt], a[ks & 1], qf[nt][ks][0], qf[nt][ks][1]);
+        for (int nt = 0; nt < KD_NTH; ++nt) kd::mma_bf16(s[nt], a[ks & 1], qf[nt][ks][0], qf[nt][ks][1]);
       }
-      // S^T fragment (row = KV mg*16 + g (+8), col = query 8nt + 2t (+1)) -> sS[dg][col][row]
+      // S^T fragment (row = KV mg*16 + g (+8), col = query 8 (nt0 + nt) + 2t (+1)) -> sS[dg][col][row]
 #pragma unroll
-      for (int nt = 0; nt < KD_NT; ++nt) {
-        float* d0 = sS + (dg * KD_NQ + nt * 8 + 2 * t) * KD_SPITCH + mg * 16 + g;
+      for (int nt = 0; nt < KD_NTH; ++nt) {
+        float* d0 = sS + (dg * KD_NQ + (nt0 + nt) * 8 + 2 * t) * KD_SPITCH + mg * 16 + g;
         d0[0] = s[nt][0];
         d0[KD_SPITCH] = s[nt][1];
         d0[8] = s[nt][2];
@@ -383,33 +399,33 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     {
       // every column's score first (their shared-memory loads in flight together), then one vote:
       // does any column's max move this step? Only then the per-column votes and reductions
-      float x[KD_NT];
+      float x[KD_NTH];
       bool moves = false;
 #pragma unroll
-      for (int j = 0; j < KD_NT; ++j) {
-        const float* sc = sS + (warp + 8 * j) * KD_SPITCH + lane;
+      for (int j = 0; j < KD_NTH; ++j) {
+        const float* sc = sS + (warp + KD_WARPS * j) * KD_SPITCH + lane;
         x[j] = (sc[0] + sc[KD_NQ * KD_SPITCH]) + (sc[2 * KD_NQ * KD_SPITCH] + sc[3 * KD_NQ * KD_SPITCH]);
       }
       // the score in log2 units, -inf where not visible (one branch for the cap, not one per column)
       if (cap > 0.f) {
 #pragma unroll
-        for (int j = 0; j < KD_NT; ++j) x[j] = cap * tanhf(x[j] * scale / cap) * KD_LOG2E;
+        for (int j = 0; j < KD_NTH; ++j) x[j] = cap * tanhf(x[j] * scale / cap) * KD_LOG2E;
       } else {
 #pragma unroll
-        for (int j = 0; j < KD_NT; ++j) x[j] *= scale_log2;
+        for (int j = 0; j < KD_NTH; ++j) x[j] *= scale_log2;
       }
 #pragma unroll
-      for (int j = 0; j < KD_NT; ++j) {
+      for (int j = 0; j < KD_NTH; ++j) {
         if (!((vis >> j) & 1u)) x[j] = -KD_INF;
         moves |= x[j] > m_run[j] + KD_MAX_SLACK;
       }
-      float alpha[KD_NT];
+      float alpha[KD_NTH];
 #pragma unroll
-      for (int j = 0; j < KD_NT; ++j) alpha[j] = 1.f;
+      for (int j = 0; j < KD_NTH; ++j) alpha[j] = 1.f;
       warp_moved = __any_sync(0xffffffffu, moves);
       if (warp_moved) {  // rare after the start
 #pragma unroll
-        for (int j = 0; j < KD_NT; ++j) {
+        for (int j = 0; j < KD_NTH; ++j) {
           if (__any_sync(0xffffffffu, x[j] > m_run[j] + KD_MAX_SLACK)) {
             const float m_new = fmaxf(m_run[j], kd::warp_max(x[j]));
             alpha[j] = kd::fast_exp2(m_run[j] - m_new);
@@ -419,11 +435,11 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
         }
       }
 #pragma unroll
-      for (int j = 0; j < KD_NT; ++j) {
+      for (int j = 0; j < KD_NTH; ++j) {
         const float pj = kd::fast_exp2(x[j] - m_run[j]);
         l_run[j] += pj;  // this lane's share
-        sP[(warp + 8 * j) * KD_PPITCH + lane] = __float2bfloat16(pj);
-        if (lane == 0) sAlpha[warp + 8 * j] = alpha[j];
+        sP[(warp + KD_WARPS * j) * KD_PPITCH + lane] = __float2bfloat16(pj);
+        if (lane == 0) sAlpha[warp + KD_WARPS * j] = alpha[j];
       }
     }
     // the barrier also tells every warp whether any column's max moved (block-uniform): only then
@@ -449,13 +465,14 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
       for (int nt = 0; nt < KD_NT; ++nt)
         kd::ldsm_x4(s_p + ((nt * 8 + (lane & 7)) * KD_PPITCH + (lane >> 3) * 8) * 2, pb[nt]);
       // V^T: lane row (lane & 7) + 8 (lane >> 4) of each 16-row k-step, chunk
-      // V_DIM0/8 + 8 warp + 2 mt + hi, swizzled in its low 3 bits by the row's (lane & 7)
+      // V_DIM0/8 + KD_VCH warp + 2 mt + hi, swizzled in its low 3 bits by the row's (lane & 7)
       const int vr0 = (lane & 7) + (lane >> 4) * 8, vhi = (lane >> 3) & 1;
       kd_u32 v_lane[KD_VMT];
 #pragma unroll
-      for (int mt = 0; mt < KD_VMT; ++mt)
-        v_lane[mt] = s_tile + vr0 * KD_ROW_BYTES +
-                     ((KD_MUT_V_DIM0 / 8 + warp * 8 + (((2 * mt + vhi) ^ KD_MUT_SWZ_READ(vr0)) & 7)) << 4);
+      for (int mt = 0; mt < KD_VMT; ++mt) {
+        const int vc = KD_MUT_V_DIM0 / 8 + warp * KD_VCH + 2 * mt + vhi;
+        v_lane[mt] = s_tile + vr0 * KD_ROW_BYTES + (((vc & ~7) | ((vc ^ KD_MUT_SWZ_READ(vr0)) & 7)) << 4);
+      }
 #pragma unroll
       for (int ks = 0; ks < 2; ++ks) {
 #pragma unroll
@@ -486,13 +503,13 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
                        : (static_cast<kd_i64>(split) * p.total_rows + static_cast<kd_i64>(qs + i) * H + h) * KD_DL;
   }
 #pragma unroll
-  for (int j = 0; j < KD_NT; ++j) l_run[j] = kd::warp_sum(l_run[j]);
+  for (int j = 0; j < KD_NTH; ++j) l_run[j] = kd::warp_sum(l_run[j]);
   if (lane == 0) {
 #pragma unroll
-    for (int j = 0; j < KD_NT; ++j) {
-      sM[warp + 8 * j] = m_run[j];
-      sL[warp + 8 * j] = l_run[j];
-      sInv[warp + 8 * j] = l_run[j] > 0.f ? 1.f / l_run[j] : 0.f;  // one division per row, not per store
+    for (int j = 0; j < KD_NTH; ++j) {
+      sM[warp + KD_WARPS * j] = m_run[j];
+      sL[warp + KD_WARPS * j] = l_run[j];
+      sInv[warp + KD_WARPS * j] = l_run[j] > 0.f ? 1.f / l_run[j] : 0.f;  // one division per row, not per store
     }
   }
 #pragma unroll
