@@ -76,7 +76,7 @@ class Plan:
 
     @property
     def info(self) -> dict:
-        return {"nsplit": self.nsplit, "rows_per_cta": self.rows_per_cta, "grid": self.grid,
+        return {"nsplit": self.nsplit, "rows_per_cta": self.rows_per_cta, "grid": self.grid, "warps": self.threads // 32,
                 "merge_groups": self.merge_groups,
                 "module": self.key, "smem": self.smem, "mutant": self.config.mutant}
 
@@ -123,8 +123,8 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
         require(1 <= int(nsplit) <= schedule.MAX_SPLITS, "nsplit", f"{nsplit} outside 1..{schedule.MAX_SPLITS}")
     rows = int(max_q_len) * H
     require(nt is None or nt in spec.NT_CHOICES, "nt", f"{nt}: choose one of {spec.NT_CHOICES}")
-    nh = int(nh or 1)
-    require(nh in spec.NH_CHOICES, "nh", f"{nh}: choose one of {spec.NH_CHOICES} (2: 16 warps per block)")
+    require(nh is None or nh in spec.NH_CHOICES, "nh", f"{nh}: choose one of {spec.NH_CHOICES} (2: 16 warps per block)")
+    nh = 1 if nh is None else int(nh)
     if nh == 2 and nt is None:  # 16 warps need an even n-tile count: the larger block unless 16 rows do
         nt = 4 if rows > 16 else 2
     require(nt is None or nt % nh == 0, "nt", f"{nt} with nh={nh}: the query n-tiles must split evenly")

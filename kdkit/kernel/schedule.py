@@ -54,9 +54,10 @@ MERGE_US = 5.0
 
 
 def modelled_us(bs: int, blocks: int, max_kv_len: int, nt: int, nsplit: int, sm_count: int) -> float:
-    """The modelled time of a launch: blocks run one per SM (~80-100 KB of shared memory and up to
-    255 registers x 256 threads on sm_120), so a launch takes ceil(blocks / SMs) waves of its
-    longest block, which streams ceil(steps / nsplit) KV steps and does its fixed work."""
+    """The modelled time of a launch of the 8-warp builds: blocks run one per SM (~80-100 KB of
+    shared memory and up to 255 registers x 256 threads on sm_120), so a launch takes
+    ceil(blocks / SMs) waves of its longest block, which streams ceil(steps / nsplit) KV steps and
+    does its fixed work."""
     steps = cdiv(max(1, cdiv(max_kv_len, BLOCK_N)), nsplit)
     waves = cdiv(bs * blocks * nsplit, sm_count)
     block = steps * (STEP_US + STEP_US_PER_NTILE * nt) + BLOCK_US_PER_NTILE * nt

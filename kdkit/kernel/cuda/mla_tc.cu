@@ -8,13 +8,14 @@
 // block streams its split of the request's KV once, 32 rows per step, through a double-buffered
 // cp.async ring of swizzled tiles; blocks holding the other rows of the same request and split are
 // adjacent in the grid, so their read of the same KV hits L2.
-//   QK:  S^T[32 x NQ] = K[32 x 576] Q^T. Warp w: KV m-tile (w & 1), dim group dg = w >> 1 (the
-//        k-steps of 16 dims dg, dg + 4, ..., dg + 32); Q lives in registers as B fragments; the
-//        four dim groups' partial scores meet in shared memory.
-//   softmax: warp w owns query columns w, w+8, ...; lane = KV row: online softmax in the log2
-//        domain; P (bf16) and each column's rescale go to shared memory.
-//   PV:  O^T[512 x NQ] += V^T[512 x 32] P^T. Warp w owns output dims 64w .. 64w+63; V^T is the
-//        K tile's first 512 dims read through ldmatrix.trans (never loaded twice).
+//   QK:  S^T[32 x NQ] = K[32 x 576] Q^T. Warp w: KV m-tile (w & 1), dim group dg = (w >> 1) & 3
+//        (the k-steps of 16 dims dg, dg + 4, ..., dg + 32), query half w >> 3 (KD_NH = 2: 16
+//        warps); Q lives in registers as B fragments; the four dim groups' partial scores meet in
+//        shared memory.
+//   softmax: warp w owns query columns w, w + KD_WARPS, ...; lane = KV row: online softmax in the
+//        log2 domain; P (bf16) and each column's rescale go to shared memory.
+//   PV:  O^T[512 x NQ] += V^T[512 x 32] P^T. Warp w owns output dims KD_VDIMS_WARP w .. (64 at 8
+//        warps, 32 at 16); V^T is the K tile's first 512 dims read through ldmatrix.trans.
 // SGLang's semantics: prefix columns always visible (skip_prefix_custom_mask); draft column j of
 // token i visible iff custom_mask[mask_indptr[b] + i*(prefix+n) + prefix + j]; without a mask,
 // causal -> j <= i, else all. Layout "sglang": prefix from the pool via kv_indices, the draft's K/V
@@ -175,7 +176,8 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   const kd_u32 s_ring = kd::smem_addr(smem);
   const kd_u32 s_p = kd::smem_addr(sP);
 
-  // ---- KV step loader. Thread -> KV row (tid >> 3) of a step, 16-byte chunks (tid & 7) + 8j of it:
+  // ---- KV step loader (the first KD_LD_THREADS threads). Thread -> KV row (tid >> 3) of a step,
+  // 16-byte chunks (tid & 7) + 8j of it:
   // one pool index per thread per step, fetched three steps ahead, the row pulled into L2 two steps
   // ahead, and copied to shared memory (cp.async) one step ahead, so no copy waits on an index.
   const bool loader = tid < KD_LD_THREADS;  // warp-uniform; the other warps commit empty groups
@@ -318,7 +320,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     __syncthreads();
     const kd_u32 s_tile = s_ring + KD_MUT_READ_STAGE(stage, it + 1 == nsteps) * KD_STAGE_BYTES;
 
-    // ---- which of this lane's scores are visible: bit j for query column warp + 8j, KV row
+    // ---- which of this lane's scores are visible: bit j for query column warp + KD_WARPS j, KV row
     // start + lane. A step wholly inside the prefix (every step but a split's last, mostly) sees
     // all of it; otherwise the mask's bytes are loaded here, all at once, and arrive during QK.
     const int pos = start + lane;
@@ -390,7 +392,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
       kd::cp_async_wait<0>();  // this thread's copies (and the next step's tile) landed; the barrier
     }                          // below publishes them before PV
 
-    // ---- online softmax: column q = warp + 8j, lane = KV row of this step. Each lane keeps its
+    // ---- online softmax: column q = warp + KD_WARPS j, lane = KV row of this step. Each lane keeps its
     // own share of the column's sum (reduced once, at the end), and the column's max moves only
     // when a score passes it by more than KD_MAX_SLACK (log2 units): until then p <= 2^KD_MAX_SLACK
     // (fine in fp32 and bf16) and the rescale is 1, so a step costs one vote per warp, not two
@@ -446,7 +448,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     // are the rescales read and applied
     const bool moved = __syncthreads_or(warp_moved);
 
-    // ---- PV: O^T[64 dims of this warp x NQ] = alpha * O^T + V^T P^T ----------------------------
+    // ---- PV: O^T[KD_VDIMS_WARP dims of this warp x NQ] = alpha * O^T + V^T P^T ---------------
     {
       if (moved) {
 #pragma unroll
