@@ -35,15 +35,16 @@ def test_every_block_size_fits(nt):
     assert rep.meta["rows"] == 8 * nt
 
 
-@pytest.mark.parametrize("nt", [2, 4])
+@pytest.mark.parametrize("nt", [2, 3, 4, 5])
 def test_sixteen_warp_builds_fit(nt):
-    """nh=2: 512 threads, so at most 128 registers each, and no spills, on sm_120 and sm_90."""
-    for arch in ("sm_120", "sm_90"):
+    """nh=2: 512 threads, so at most 128 registers each, and no spills on sm_120 (and on sm_90 up
+    to 32 rows; the 40-row build spills ~60 B there, where ptxas schedules differently)."""
+    for arch in ("sm_120", "sm_90") if nt < 5 else ("sm_120",):
         rep = vk.compile_report(arch, vk.KernelConfig(nt=nt, nh=2))
         assert rep.breaches() == [], rep.table()
         assert rep.meta["threads"] == 512 and rep.meta["rows"] == 8 * nt
     with pytest.raises(ValueError, match="nh=2"):
-        vk.KernelConfig(nt=3, nh=2)
+        vk.KernelConfig(nt=1, nh=2)
 
 
 @pytest.mark.parametrize("arch", ["sm_89", "sm_100"])

@@ -101,7 +101,7 @@ def test_block_sizes_agree(nt):
     assert v.passed, v.reasons
 
 
-@pytest.mark.parametrize("nt", [2, 4])
+@pytest.mark.parametrize("nt", [2, 3, 4, 5])
 def test_sixteen_warps_agree(nt):
     """nh=2 (16 warps, each taking half of a phase's work) on the partial-n-tile shape, every bundled
     case and a graph replay: the same rule as the 8-warp build."""

@@ -125,9 +125,9 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
     require(nt is None or nt in spec.NT_CHOICES, "nt", f"{nt}: choose one of {spec.NT_CHOICES}")
     require(nh is None or nh in spec.NH_CHOICES, "nh", f"{nh}: choose one of {spec.NH_CHOICES} (2: 16 warps per block)")
     nh = 1 if nh is None else int(nh)
-    if nh == 2 and nt is None:  # 16 warps need an even n-tile count: the larger block unless 16 rows do
-        nt = 4 if rows > 16 else 2
-    require(nt is None or nt % nh == 0, "nt", f"{nt} with nh={nh}: the query n-tiles must split evenly")
+    if nh == 2 and nt is None:  # 16 warps: the fewest blocks per request, at least one n-tile per half
+        nt = max(2, schedule.choose_nt(rows))
+    require(nt is None or nt >= nh, "nt", f"{nt} with nh={nh}: each query half needs an n-tile")
     total_rows = T * H
     sm_count = torch.cuda.get_device_properties(dev).multi_processor_count
     nt, ns = schedule.choose(sizes["bs"], rows, sizes["max_kv_len"], sm_count, total_rows, nt=nt,

@@ -25,7 +25,7 @@ MIN_ARCH = 80                 # mma.sync bf16 m16n8k16, ldmatrix and cp.async al
 MAX_SPLITS = 256             # KV splits per request at most: the merge kernel's weight table
 NT_CHOICES = (1, 2, 3, 4, 5)  # query n-tiles of 8 rows per block; 5 is the most that fits 99 KB
 DEFAULT_NT = 4
-NH_CHOICES = (1, 2)           # query halves: 1 -> 8 warps per block, 2 -> 16 warps (nt even), <= 128 registers
+NH_CHOICES = (1, 2)           # query halves: 1 -> 8 warps per block, 2 -> 16 warps (nt >= 2), <= 128 registers
 DL, DR = KV_LORA_RANK, QK_ROPE_HEAD_DIM  # latent (= value) dims and rope dims of an MLA KV row
 _CTYPES = {torch.int32: "kd_i32", torch.int64: "kd_i64"}
 _SHORT = {torch.int32: "i32", torch.int64: "i64"}
@@ -45,9 +45,9 @@ class KernelConfig:
     def __post_init__(self):
         if self.nt not in NT_CHOICES:
             raise ValueError(f"nt={self.nt}: choose one of {NT_CHOICES} (query rows per block = 8 * nt)")
-        if self.nh not in NH_CHOICES or self.nt % self.nh:
-            raise ValueError(f"nh={self.nh}: choose one of {NH_CHOICES}, dividing nt={self.nt} (the query "
-                             "n-tiles split evenly over the halves)")
+        if self.nh not in NH_CHOICES or self.nt < self.nh:
+            raise ValueError(f"nh={self.nh}: choose one of {NH_CHOICES}, at most nt={self.nt} (each query "
+                             "half holds an n-tile)")
         mutants.defines(self.mutant)  # raises on an unknown name
 
     @property

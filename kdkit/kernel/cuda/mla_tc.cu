@@ -76,7 +76,11 @@ using bf16 = __nv_bfloat16;
 // (4 per scheduler instead of 2) at <= 128 registers each
 #define KD_THREADS (256 * KD_NH)
 #define KD_WARPS (KD_THREADS / 32)
-#define KD_NTH (KD_NT / KD_NH)          // query n-tiles per QK warp = query columns per softmax warp
+#define KD_NTH ((KD_NT + KD_NH - 1) / KD_NH)  // query n-tiles per QK warp, columns per softmax warp
+// an odd KD_NT at KD_NH 2 splits unevenly (3 + 2 n-tiles): the second half's last n-tile and the
+// softmax columns past KD_NQ do not exist; every use of them below is skipped (compile-time true
+// when the split is even)
+#define KD_EVEN (KD_NT % KD_NH == 0)
 #define KD_LD_THREADS (KD_BN * 8)       // the KV loader's threads: 8 per KV row of a step
 #define KD_KG 4                         // dim groups of the QK product
 #define KD_KSTEPS (KD_D / 16 / KD_KG)   // k-steps of 16 dims per warp (9)
@@ -106,7 +110,7 @@ using bf16 = __nv_bfloat16;
 static_assert(KD_SMEM_BYTES <= KD_SMEM_LIMIT, "shared memory per block exceeds sm_120's 99 KB");
 static_assert(KD_WARPS == 2 * KD_KG * KD_NH && KD_BN == 32,
               "QK: 2 KV m-tiles x 4 dim groups x KD_NH query halves; softmax: lane = KV row");
-static_assert((KD_NH == 1 || KD_NH == 2) && KD_NT % KD_NH == 0, "the query n-tiles split evenly over the halves");
+static_assert((KD_NH == 1 || KD_NH == 2) && KD_NT >= KD_NH, "every query half holds an n-tile");
 static_assert(KD_LD_THREADS <= KD_THREADS && KD_LD_THREADS % 32 == 0, "the loader is whole warps");
 static_assert(KD_KG == 4, "dim group dg's k-steps dg + 4 ks keep the swizzled chunk of a lane constant");
 static_assert(KD_MUT_V_DIM0 % 64 == 0, "V's first dim keeps the 8-chunk swizzle groups aligned");
@@ -260,6 +264,9 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   // ---- Q as B fragments, this warp's dim group only: B[k = dim][n = row] = q[row][dim] --------
   const int mg = warp & 1, dg = (warp >> 1) & (KD_KG - 1), nh = warp / (2 * KD_KG);
   const int nt0 = nh * KD_NTH;  // this warp's first query n-tile in QK
+  // does this QK warp's n-tile nt exist / softmax column warp + KD_WARPS j exist (warp-uniform)
+  auto has_tile = [&](int nt) { return KD_EVEN || nt0 + nt < KD_NT; };
+  auto has_col = [&](int j) { return KD_WARPS * KD_NTH == KD_NQ || warp + KD_WARPS * j < KD_NQ; };
   // qf[nt][ks] = {q[8nt + g][d + 2t, +1], q[8nt + g][d + 8 + 2t, +1]}, d = 16 (dg + 4 ks) (k-step
   // dg + 4 ks: see the QK loop). ldmatrix matrix m of a lane's x4 is 8 Q rows x 8 dims: k-step
   // ks + (m >> 1), dims + 8 (m & 1); its lane (g, t) receives row g, dims 2t, 2t + 1
@@ -271,6 +278,11 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
 #pragma unroll
     for (int nt = 0; nt < KD_NTH; ++nt) {
       const int row = (nt0 + nt) * 8 + (lane & 7);
+      if (!has_tile(nt)) {  // a missing n-tile: zeros (its MMAs are skipped anyway)
+#pragma unroll
+        for (int ks = 0; ks < KD_KSTEPS; ++ks) qf[nt][ks][0] = qf[nt][ks][1] = 0u;
+        continue;
+      }
 #pragma unroll
       for (int ks = 0; ks + 1 < KD_KSTEPS; ks += 2) {
         kd_u32 r4[4];
@@ -357,18 +369,23 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
       const int lr = mg * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;  // this lane's ldmatrix row
       const kd_u32 a_lane = s_tile + lr * KD_ROW_BYTES + ((((2 * dg + (lane >> 4)) ^ KD_MUT_SWZ_READ(lr)) & 7) << 4);
       // A fragments double-buffered: k-step ks + 1's ldmatrix is in flight while ks's MMAs issue
+      // (at 16 warps, 128 registers, single-buffered: the other warps hide the load instead)
+      constexpr int kABufs = KD_NH == 2 ? 1 : 2;
       kd_u32 a[2][4];
       kd::ldsm_x4(a_lane, a[0]);
 #pragma unroll
       for (int ks = 0; ks < KD_KSTEPS; ++ks) {
-        if (ks + 1 < KD_KSTEPS) kd::ldsm_x4(a_lane + (ks + 1) * 128, a[(ks + 1) & 1]);
+        if (kABufs == 1 && ks > 0) kd::ldsm_x4(a_lane + ks * 128, a[0]);
+        if (kABufs == 2 && ks + 1 < KD_KSTEPS) kd::ldsm_x4(a_lane + (ks + 1) * 128, a[(ks + 1) & 1]);
         if (KD_MUT_QK_DIMS(KD_D) < KD_D && (dg + KD_KG * ks) * 16 >= KD_MUT_QK_DIMS(KD_D)) continue;
 #pragma unroll
-        for (int nt = 0; nt < KD_NTH; ++nt) kd::mma_bf16(s[nt], a[ks & 1], qf[nt][ks][0], qf[nt][ks][1]);
+        for (int nt = 0; nt < KD_NTH; ++nt)
+          if (has_tile(nt)) kd::mma_bf16(s[nt], a[kABufs == 2 ? ks & 1 : 0], qf[nt][ks][0], qf[nt][ks][1]);
       }
       // S^T fragment (row = KV mg*16 + g (+8), col = query 8 (nt0 + nt) + 2t (+1)) -> sS[dg][col][row]
 #pragma unroll
       for (int nt = 0; nt < KD_NTH; ++nt) {
+        if (!has_tile(nt)) continue;
         float* d0 = sS + (dg * KD_NQ + (nt0 + nt) * 8 + 2 * t) * KD_SPITCH + mg * 16 + g;
         d0[0] = s[nt][0];
         d0[KD_SPITCH] = s[nt][1];
@@ -406,7 +423,8 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
 #pragma unroll
       for (int j = 0; j < KD_NTH; ++j) {
         const float* sc = sS + (warp + KD_WARPS * j) * KD_SPITCH + lane;
-        x[j] = (sc[0] + sc[KD_NQ * KD_SPITCH]) + (sc[2 * KD_NQ * KD_SPITCH] + sc[3 * KD_NQ * KD_SPITCH]);
+        x[j] = has_col(j) ? (sc[0] + sc[KD_NQ * KD_SPITCH]) + (sc[2 * KD_NQ * KD_SPITCH] + sc[3 * KD_NQ * KD_SPITCH])
+                          : -KD_INF;  // a missing column (its vis bit is 0 too)
       }
       // the score in log2 units, -inf where not visible (one branch for the cap, not one per column)
       if (cap > 0.f) {
@@ -440,6 +458,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
       for (int j = 0; j < KD_NTH; ++j) {
         const float pj = kd::fast_exp2(x[j] - m_run[j]);
         l_run[j] += pj;  // this lane's share
+        if (!has_col(j)) continue;
         sP[(warp + KD_WARPS * j) * KD_PPITCH + lane] = __float2bfloat16(pj);
         if (lane == 0) sAlpha[warp + KD_WARPS * j] = alpha[j];
       }
@@ -461,11 +480,14 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
           }
         }
       }
-      // P^T as B fragments: rows 8nt.. of P, KV 0..31 -> {ks0: r0, r1; ks1: r2, r3}
+      // P^T as B fragments: rows 8nt.. of P, KV 0..31 -> {ks0: r0, r1; ks1: r2, r3}. At 16 warps
+      // (128 registers) each k-step's half is loaded just before its MMAs instead (x2: KV
+      // 16 ks .. 16 ks + 15), 2 KD_NT registers fewer held
+      constexpr bool kPbPerStep = KD_NH == 2;
       kd_u32 pb[KD_NT][4];
 #pragma unroll
       for (int nt = 0; nt < KD_NT; ++nt)
-        kd::ldsm_x4(s_p + ((nt * 8 + (lane & 7)) * KD_PPITCH + (lane >> 3) * 8) * 2, pb[nt]);
+        if (!kPbPerStep) kd::ldsm_x4(s_p + ((nt * 8 + (lane & 7)) * KD_PPITCH + (lane >> 3) * 8) * 2, pb[nt]);
       // V^T: lane row (lane & 7) + 8 (lane >> 4) of each 16-row k-step, chunk
       // V_DIM0/8 + KD_VCH warp + 2 mt + hi, swizzled in its low 3 bits by the row's (lane & 7)
       const int vr0 = (lane & 7) + (lane >> 4) * 8, vhi = (lane >> 3) & 1;
@@ -477,6 +499,15 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
       }
 #pragma unroll
       for (int ks = 0; ks < 2; ++ks) {
+        if (kPbPerStep) {
+#pragma unroll
+          for (int nt = 0; nt < KD_NT; ++nt) {
+            kd_u32 h[2];
+            kd::ldsm_x2(s_p + ((nt * 8 + (lane & 7)) * KD_PPITCH + ks * 16 + ((lane >> 3) & 1) * 8) * 2, h);
+            pb[nt][2 * ks] = h[0];
+            pb[nt][2 * ks + 1] = h[1];
+          }
+        }
 #pragma unroll
         for (int mt = 0; mt < KD_VMT; ++mt) {
           kd_u32 a[4];
@@ -509,6 +540,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   if (lane == 0) {
 #pragma unroll
     for (int j = 0; j < KD_NTH; ++j) {
+      if (!has_col(j)) continue;
       sM[warp + KD_WARPS * j] = m_run[j];
       sL[warp + KD_WARPS * j] = l_run[j];
       sInv[warp + KD_WARPS * j] = l_run[j] > 0.f ? 1.f / l_run[j] : 0.f;  // one division per row, not per store
