@@ -41,8 +41,12 @@ def blocks_per_request(rows: int, nt: int) -> int:
 
 
 # The launch-time model, in microseconds, fitted to the H200 (graph replay, L2 flushed, 2026-12-01:
-# every query-row count 8..40 x 4 split counts on 14 shapes, median error 8%; the measurements are
-# benchmarks/schedule/nvidia-h200-20261201.jsonl, scripts/schedule_sweep.py takes them again).
+# every query-row count 8..40 x 4 split counts on 14 shapes, median error 8%). The measurements of
+# today's kernel are benchmarks/schedule/nvidia-h200-20261201.jsonl (scripts/schedule_sweep.py
+# takes them again): refitted there the constants come out 0.63 / 0.22 / 1.78 / 7.1 (median error
+# 5%) and choose the same configuration on every shape, so these stay (the probes' and the torch
+# reference's split counts follow from them). The model is of 8-warp blocks: 16-warp builds (nh 2)
+# measured 1.00-1.26x the 8-warp time on every shape of that sweep, so choose never picks them.
 # A KV step (32 rows) costs a block ~0.70 us plus ~0.27 us per n-tile of 8 query rows (the loop is
 # latency-bound: 5x the rows cost 1.9x the time); a block's fixed work (gathering Q, the epilogue,
 # the wait for its first tile) ~1.96 us per n-tile; the merge of the splits' partials ~5 us. Only

@@ -25,7 +25,8 @@ MIN_ARCH = 80                 # mma.sync bf16 m16n8k16, ldmatrix and cp.async al
 MAX_SPLITS = 256             # KV splits per request at most: the merge kernel's weight table
 NT_CHOICES = (1, 2, 3, 4, 5)  # query n-tiles of 8 rows per block; 5 is the most that fits 99 KB
 DEFAULT_NT = 4
-NH_CHOICES = (1, 2)           # query halves: 1 -> 8 warps per block, 2 -> 16 warps (nt >= 2), <= 128 registers
+NH_CHOICES = (1, 2)           # query halves: 1 -> 8 warps per block, 2 -> 16 warps (nt >= 2, <= 128 registers;
+                              # slower on the H200, see schedule.py: a choice to measure on other GPUs)
 DL, DR = KV_LORA_RANK, QK_ROPE_HEAD_DIM  # latent (= value) dims and rope dims of an MLA KV row
 _CTYPES = {torch.int32: "kd_i32", torch.int64: "kd_i64"}
 _SHORT = {torch.int32: "i32", torch.int64: "i64"}
