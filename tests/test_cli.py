@@ -46,6 +46,13 @@ def proc(*argv, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, timeout=300, **kw)
 
 
+def test_python_m_kdkit_is_the_command():
+    """GPU hosts without the package installed run `python3 -m kdkit bench ...` (README)."""
+    r = proc("-m", "kdkit", "--help")
+    assert r.returncode == 0, r.stderr
+    assert "bench" in r.stdout and "replay" in r.stdout
+
+
 def test_subcommands_are_a_table():
     names = [c[0] for c in COMMANDS]
     assert {"inspect", "replay", "report", "synth", "compile"} <= set(names)

@@ -296,3 +296,11 @@ def test_gpu_kimi_shapes(source):
     m = _judge(case, res)
     # the GPU rounds P to bf16: its error is real, but stays inside the floor
     assert np.isfinite(m.max_abs)
+
+
+def test_int32_indices_widen_where_the_pool_outgrows_int32_offsets():
+    """Triton multiplies a row index by the row stride in the index's dtype: past 2^31 pool
+    elements int32 wraps (an illegal address on the H200 at 32 x 131072), so those are widened."""
+    assert tb.kv_indices_dtype(torch.int32, 2**31 - 1) == torch.int32
+    assert tb.kv_indices_dtype(torch.int32, 32 * 131081 * 576) == torch.int64
+    assert tb.kv_indices_dtype(torch.int64, 2**40) == torch.int64

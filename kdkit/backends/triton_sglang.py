@@ -59,6 +59,17 @@ def unavailable(case=None) -> str | None:
     return None
 
 
+INT32_MAX = 2**31 - 1
+
+
+def kv_indices_dtype(dtype: torch.dtype, pool_elems: int) -> torch.dtype:
+    """The dtype to hand Triton the pool's row indices in. The kernel computes a row's offset as
+    index x row stride in the index's own dtype, so with int32 indices a pool of more than 2^31
+    elements (3.7M rows of 576, e.g. 32 requests of 128K) wraps to a negative offset and faults
+    (seen on the H200: an illegal address at 32 x 131072). Widening them keeps every value."""
+    return torch.int64 if dtype == torch.int32 and pool_elems > INT32_MAX else dtype
+
+
 def _check_launchable(case) -> None:
     """Guards against out-of-bounds reads: Triton does not check indices, and a case whose mask
     is too short would make the GPU read past the buffer (garbage, or a fault). The seed's
@@ -153,7 +164,8 @@ def prepare(case, *, with_lse: bool = True):
         lse = torch.empty((T, H), dtype=torch.float32, device=device)
         kwargs["lse_extend"] = lse
 
-    meta = (dev(case.qo_indptr), dev(case.kv_indptr), dev(case.kv_indices), dev(case.custom_mask),
+    kv_indices = dev(case.kv_indices).to(kv_indices_dtype(case.kv_indices.dtype, case.kv_buffer.numel()))
+    meta = (dev(case.qo_indptr), dev(case.kv_indptr), kv_indices, dev(case.custom_mask),
             bool(case.causal), dev(case.mask_indptr), max_len_extend)
 
     def launch():
