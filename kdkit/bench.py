@@ -16,7 +16,8 @@ mma.sync.m16n8k16 bf16 (kdkit's own microbenchmark, cuda/mma_peak.cu) are measur
 Output: one JSON file per run, benchmarks/results/<gpu>-<date>.json:
 {"gpu", "sms", "copy_gbps", "mma_tflops", "driver", "versions", "date", "rows": [{backend, bs,
 prefix, q_len, heads, nsplit, nsplit_auto, graph, us, gbps, floor_us, roofline_frac,
-speedup_vs_triton, host_us}]}. The grid and the --quick subset are the "bench" and "bench-quick"
+speedup_vs_triton, host_us}], "skipped", "complete"}; the file is rewritten after every shape, so
+a run cut short keeps what it measured ("complete": false, and "stopped": why). The grid and the --quick subset are the "bench" and "bench-quick"
 sets of kdkit/shapes.json.
 """
 from __future__ import annotations
@@ -267,8 +268,12 @@ def _row(backend, shape, us, ceil, nsplit=None, auto=False, graph=False, host_us
             "host_us": None if host_us is None else round(host_us, 1)}
 
 
-def run_grid(shapes, backends=BACKENDS, nsplits=(), graph=True, progress=True, device="cuda") -> dict:
-    """Measure every (shape, backend); returns the results dict (see the module's docstring)."""
+def run_grid(shapes, backends=BACKENDS, nsplits=(), graph=True, progress=True, device="cuda",
+             on_shape=None) -> dict:
+    """Measure every (shape, backend); returns the results dict (see the module's docstring).
+    on_shape(results so far, "complete": false) is called after each shape, so that a caller can
+    keep what was measured when a later shape ends the process (a timeout, or a CUDA fault that
+    leaves the context unusable)."""
     from tqdm.auto import tqdm
 
     from . import backends as _backends
@@ -276,6 +281,9 @@ def run_grid(shapes, backends=BACKENDS, nsplits=(), graph=True, progress=True, d
     timer = Timer(dev)
     ceil = {"copy_gbps": copy_gbps(timer, dev), "mma_tflops": mma_tflops(timer, dev)}
     rows, skipped = [], {}
+    header = {"gpu": torch.cuda.get_device_name(dev), "sms": torch.cuda.get_device_properties(dev).multi_processor_count,
+              **{k: round(v, 1) for k, v in ceil.items()}, "driver": _driver(), "versions": _versions(),
+              "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}  # the run's start
     why = {"cuda": _backends.unavailable("cuda"), "triton_sglang": _backends.unavailable("triton_sglang"),
            "torch": None}
     why["triton_decode"] = why["triton_sglang"]
@@ -320,10 +328,9 @@ def run_grid(shapes, backends=BACKENDS, nsplits=(), graph=True, progress=True, d
         for r in shape_rows:
             r["speedup_vs_triton"] = round(tri / r["us"], 2) if tri else None
         rows += shape_rows
-    return {"gpu": torch.cuda.get_device_name(dev), "sms": torch.cuda.get_device_properties(dev).multi_processor_count,
-            **{k: round(v, 1) for k, v in ceil.items()}, "driver": _driver(), "versions": _versions(),
-            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "rows": rows,
-            "skipped": skipped}
+        if on_shape is not None:
+            on_shape({**header, "rows": list(rows), "skipped": dict(skipped), "complete": False})
+    return {**header, "rows": rows, "skipped": skipped, "complete": True}
 
 
 def _driver() -> str:
@@ -383,15 +390,37 @@ def summary(res: dict) -> str:
     return "\n".join([head, body, *skipped])
 
 
-def save(res: dict, out_dir: Path = RESULTS) -> Path:
-    from .files import publish
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+def results_name(res: dict) -> str:
     gpu = re.sub(r"[^\w.-]+", "-", res["gpu"]).strip("-").lower()
-    stamp = res["date"][:19].replace(":", "").replace("-", "")
-    path = out_dir / f"{gpu}-{stamp}.json"
-    publish(path, (json.dumps(res, indent=1) + "\n").encode())
+    return f"{gpu}-{res['date'][:19].replace(':', '').replace('-', '')}.json"
+
+
+def save(res: dict, out_dir: Path = RESULTS, overwrite: bool = False) -> Path:
+    """Write a run's results as out_dir/<gpu>-<start date>.json; an existing file of that name is
+    refused unless overwrite (this run's own file, rewritten as its shapes are measured)."""
+    from .files import publish
+    path = Path(out_dir) / results_name(res)
+    publish(path, (json.dumps(res, indent=1) + "\n").encode(), overwrite=overwrite)
     return path
+
+
+class RunFile:
+    """This run's results file, rewritten after every shape (complete: false) so that a run cut
+    short keeps every shape it measured; the last write is the complete run."""
+
+    def __init__(self, out_dir: Path):
+        self.out_dir, self.path, self.last, self.error = Path(out_dir), None, None, None
+
+    def write(self, res: dict) -> Path:
+        self.path = save(res, self.out_dir, overwrite=self.path is not None)
+        self.last = res
+        return self.path
+
+    def partial(self, res: dict) -> None:
+        try:
+            self.write(res)
+        except OSError as e:  # the final write says where the run went; the measuring goes on
+            self.error = e
 
 
 def _names(text: str) -> list[str]:
@@ -442,17 +471,25 @@ def main(args) -> int:
     if why:
         print(f"kdkit bench: {why}", file=sys.stderr)
         return 1
-    res = run_grid(shapes, args.backends, args.nsplit, graph=not args.no_graph)
+    run = RunFile(Path(args.out))
+    try:
+        res = run_grid(shapes, args.backends, args.nsplit, graph=not args.no_graph, on_shape=run.partial)
+    except Exception as e:  # e.g. a CUDA fault: the context is lost, the shapes before it are not
+        if run.last is None:
+            print(f"kdkit bench: stopped before the first shape was measured ({_why(e)})", file=sys.stderr)
+            return 1
+        res = {**run.last, "stopped": _why(e)}
+        print(f"kdkit bench: stopped after {len(run.last['rows'])} rows ({_why(e)})", file=sys.stderr)
     print(summary(res))  # before the save: a failing save must not hide the measurements
     try:
-        path = save(res, Path(args.out))
+        path = run.write(res)
     except OSError as e:  # the GPU run is not lost: written where it can be
         import tempfile
         path = save(res, Path(tempfile.mkdtemp(prefix="kdkit-bench-")))
         print(f"kdkit bench: could not write to {args.out} ({e}); wrote {path} instead", file=sys.stderr)
         return 1
     print(f"wrote {path}")
-    return 0
+    return 0 if res.get("complete", True) else 1
 
 
 def unwritable(out_dir: Path) -> str | None:
