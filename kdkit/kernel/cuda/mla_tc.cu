@@ -98,13 +98,19 @@ using bf16 = __nv_bfloat16;
 // and its sum 0 (LSE -inf)
 #define KD_M_FLOOR (-3.40282347e38f)
 
+// the most draft steps of a split whose visibility the block checks before it streams them (two
+// ballots of 32): 2048 draft columns; a split with more streams every step (correct, not skipped)
+#define KD_SKIP_MAX 64
+
 // dynamic shared memory, bytes: KV ring | partial scores | P | rescale per column | token per column
+// | the skip table: nlin and kv_begin, the starts of the visible draft steps, 3 x kv_end
 #define KD_STAGE_BYTES (KD_BN * KD_ROW_BYTES)
 #define KD_OFF_S (KD_STAGES * KD_STAGE_BYTES)
 #define KD_OFF_P (KD_OFF_S + KD_KG * KD_NQ * KD_SPITCH * 4)
 #define KD_OFF_ALPHA (KD_OFF_P + KD_NQ * KD_PPITCH * 2)
 #define KD_OFF_TOK (KD_OFF_ALPHA + KD_NQ * 4)
-#define KD_SMEM_BYTES (KD_OFF_TOK + KD_NQ * 4)
+#define KD_OFF_TAB (KD_OFF_TOK + KD_NQ * 4)
+#define KD_SMEM_BYTES (KD_OFF_TAB + 8 + (KD_SKIP_MAX + 3) * 4)
 #define KD_OPITCH (KD_DL + 4)           // epilogue's O tile pitch (fp32): fragment stores conflict-free
 
 static_assert(KD_SMEM_BYTES <= KD_SMEM_LIMIT, "shared memory per block exceeds sm_120's 99 KB");
@@ -122,6 +128,8 @@ static_assert(KD_NQ * KD_OPITCH * 4 <= KD_OFF_P, "the epilogue's O tile fits in 
 static_assert(3 * KD_NQ * 4 + KD_NQ * 8 <= KD_NQ * KD_PPITCH * 2 && KD_OFF_P % 8 == 0,
               "the epilogue's max, sum, 1 / sum and row destinations fit in the P tile");
 static_assert(KD_OPITCH % 32 == 4, "O tile stores: bank 8t + 4c + g, no conflict");
+static_assert(KD_SKIP_MAX == 64 && KD_SKIP_MAX <= KD_NQ * KD_PPITCH * 2,
+              "the skip pass: two ballots of candidate steps, their flags in the P tile until the first step");
 
 // what Python reads back from the build (kdkit/kernel/spec.py): one source for these numbers
 extern "C" __device__ int kd_meta_smem_bytes = KD_SMEM_BYTES;
@@ -164,13 +172,52 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   const int span = kd::cdiv(kd::cdiv(kv_len, p.nsplit), KD_BN) * KD_BN;
   const int kv_begin = split * span;
   const int kv_end = min(kv_len, kv_begin + span);
-  const int nsteps = kv_begin < kv_end ? kd::cdiv(kv_end - kv_begin, KD_BN) : 0;
+  const int nsteps_all = kv_begin < kv_end ? kd::cdiv(kv_end - kv_begin, KD_BN) : 0;
   const kd_u8* mask = p.mask;
   const kd_i64 mask_base = mask ? static_cast<kd_i64>(static_cast<const KD_MIP_T*>(p.mask_indptr)[b]) : 0;
   const int mask_pitch = prefix + n;
   const float scale = KD_MUT_SCALE(p.sm_scale);
   const float scale_log2 = scale * KD_LOG2E;
   const float cap = p.logit_cap;
+  const int i0 = row0 / H, i1 = (row0 + nrows - 1) / H;  // the block's draft tokens
+
+  // ---- the steps this block streams: none that no row of the block can see. Prefix columns are
+  // seen by every row; a step of draft columns that no token i0..i1 sees adds p = 0 to every sum
+  // and never moves a column's max (hidden scores are -inf; the softmax moves a max only for a
+  // score above it), so skipping it changes no bit of the result. The block streams a compacted
+  // sequence of steps, k -> start step_start(k):
+  //   k < nlin   kv_begin + KD_BN k: the prefix steps, and always the split's first step (its
+  //              index chain starts before the visibility pass below has ended)
+  //   k >= nlin  sTab[k - nlin]: with a mask, the visible ones of the split's other steps; then
+  //              kv_end, which ends the sequence
+  // Causal without a mask: columns past prefix + i1 are hidden from every row, so the split ends
+  // there (nlin shrinks, no table). Non-causal without a mask: every step.
+  int nlin = nsteps_all;  // leading steps streamed in order
+  int ncand = 0;          // the steps after them whose visibility the pass checks (mask only)
+  if (mask) {
+    const int first_draft = max(kv_begin, prefix / KD_BN * KD_BN);  // first step holding a draft column
+    const int npre = nsteps_all > 0 ? kd::cdiv(min(first_draft, kv_end) - kv_begin, KD_BN) : 0;
+    const int lead = max(npre, 1);
+    if (nsteps_all - lead >= 1 && nsteps_all - lead <= KD_SKIP_MAX) {  // else every step
+      nlin = lead;
+      ncand = nsteps_all - lead;
+    }
+  } else if (p.causal) {
+    const int last = min(kv_end, prefix + i1 + 1);  // one past the last column that token i1 sees
+    nlin = kv_begin < last ? kd::cdiv(last - kv_begin, KD_BN) : 0;  // 0: an empty split (LSE -inf)
+  }
+  // the table: the visible candidates' starts, then kv_end three times: the step after the last
+  // and the loader's look-ahead past it (two more) read kv_end: no step, nothing loaded
+  // The loop reads nlin and kv_begin from shared memory too, not from registers: the 40-row
+  // build is at 255 registers on sm_90 and spilled with them held across the loop.
+  int* sLead = reinterpret_cast<int*>(smem + KD_OFF_TAB);  // nlin, kv_begin
+  int* sTab = sLead + 2;
+  if (tid == 0) { sLead[0] = nlin; sLead[1] = kv_begin; }  // (published by the barriers before the loop)
+  if (ncand == 0 && tid < 3) sTab[tid] = kv_end;
+  auto step_start = [&](int k) -> int {
+    const int2 lead = *reinterpret_cast<const int2*>(sLead);
+    return k < lead.x ? lead.y + k * KD_BN : sTab[k - lead.x];
+  };
 
   float* sS = reinterpret_cast<float*>(smem + KD_OFF_S);
   bf16* sP = reinterpret_cast<bf16*>(smem + KD_OFF_P);
@@ -235,18 +282,47 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     kd::cp_async_commit();
   }
 
-  KD_KVI_T idx1 = fetch_index(kv_begin + KD_BN + ld_row);       // step 1
-  KD_KVI_T idx2 = fetch_index(kv_begin + 2 * KD_BN + ld_row);   // step 2
-  if (nsteps > 0)
-    copy_step(0, row_src(kv_begin + ld_row, fetch_index(kv_begin + ld_row)));
+  // steps 0..2 as far as they are leading steps (the table is not written yet: its steps are
+  // fetched once it is published, below)
+  auto lead_start = [&](int k) { return k < nlin ? kv_begin + k * KD_BN : kv_end; };
+  KD_KVI_T idx1 = fetch_index(lead_start(1) + ld_row);  // step 1
+  KD_KVI_T idx2 = fetch_index(lead_start(2) + ld_row);  // step 2
+  const KD_KVI_T idx0 = fetch_index(lead_start(0) + ld_row);
+
+  // ---- the visibility pass (mask only): candidate c (step nlin + c) is visible iff a token
+  // i0..i1 sees one of its columns. Warp w takes candidates w, w + KD_WARPS, ...; lane = column;
+  // the tokens' mask bytes of a candidate in batches of 8 (coalesced rows of 32 bytes), until one
+  // is set. The mask is read through the same hooks as the per-score test below, so a mutant's
+  // misread mask decides the skipping too. Flags go to the P tile (free until the first step).
+  kd_u8* sVis = smem + KD_OFF_P;
+  if (ncand > 0) {  // block-uniform
+    for (int c = warp; c < ncand; c += KD_WARPS) {
+      const int s0 = kv_begin + (nlin + c) * KD_BN, pos = s0 + lane;
+      bool seen = s0 < prefix;  // it holds prefix columns: every row sees them (warp-uniform)
+      if (!seen) {              // all its columns are draft columns (s0 >= prefix)
+        const bool col_ok = pos < kv_end;
+        const kd_i64 col = mask_base + prefix + KD_MUT_MASK_COL(pos - prefix, n);
+        for (int i = i0; i <= i1 && !seen; i += 8) {  // warp-uniform trip count and exit
+          kd_u32 acc = 0;
+#pragma unroll
+          for (int u = 0; u < 8; ++u)
+            if (col_ok && i + u <= i1)
+              acc |= mask[col + static_cast<kd_i64>(KD_MUT_MASK_ROW(i + u, n)) * mask_pitch];
+          seen = __any_sync(0xffffffffu, acc != 0u);
+        }
+      }
+      if (lane == 0) sVis[c] = seen ? 1 : 0;
+    }
+  }
+  if (nlin > 0)
+    copy_step(0, row_src(kv_begin + ld_row, idx0));
   else
     kd::cp_async_commit();  // an empty group: the wait for Q below counts on one group after it
-  if (nsteps > 1) prefetch_l2(row_src(kv_begin + KD_BN + ld_row, idx1));
+  if (nlin > 1) prefetch_l2(row_src(kv_begin + KD_BN + ld_row, idx1));
   // The split that reaches the draft reads, at its last step, bytes nothing has touched yet: the
   // mask's draft columns of this block's tokens and (sglang layout) the draft's V rows. Pull them
   // into L2 now, so that step waits on L2, not on DRAM (for short KV this overlaps the index chain).
   if (kv_end > prefix) {
-    const int i0 = row0 / H, i1 = (row0 + nrows - 1) / H;
     if (mask) {
       for (int i = i0 + tid; i <= i1; i += KD_THREADS) {
         const kd_u8* mrow = mask + mask_base + static_cast<kd_i64>(i) * mask_pitch + prefix;
@@ -271,7 +347,18 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   // dg + 4 ks: see the QK loop). ldmatrix matrix m of a lane's x4 is 8 Q rows x 8 dims: k-step
   // ks + (m >> 1), dims + 8 (m & 1); its lane (g, t) receives row g, dims 2t, 2t + 1
   kd::cp_async_wait<1>();  // Q's group landed (the first tile's, committed after it, may still fly)
-  __syncthreads();
+  __syncthreads();         // (and the visibility flags are published)
+  if (ncand > 0) {  // block-uniform: every warp counts the visible candidates, warp 0 lists their starts
+    const bool v0 = lane < ncand && sVis[lane] != 0, v1 = lane + 32 < ncand && sVis[lane + 32] != 0;
+    const kd_u32 b0 = __ballot_sync(0xffffffffu, v0), b1 = __ballot_sync(0xffffffffu, v1);
+    const int nvis = __popc(b0) + __popc(b1);
+    if (warp == 0) {
+      const kd_u32 below = (1u << lane) - 1u;
+      if (v0) sTab[__popc(b0 & below)] = kv_begin + (nlin + lane) * KD_BN;
+      if (v1) sTab[__popc(b0) + __popc(b1 & below)] = kv_begin + (nlin + lane + 32) * KD_BN;
+      if (lane < 3) sTab[nvis + lane] = kv_end;
+    }
+  }
   kd_u32 qf[KD_NTH][KD_KSTEPS][2];
   {
     const int mi = lane >> 3;
@@ -298,7 +385,11 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
       }
     }
   }
-  __syncthreads();  // the first step copies the next tile over Q
+  __syncthreads();  // the first step copies the next tile over Q (and the skip table is published)
+  if (ncand > 0 && nlin < 3) {  // block-uniform: the prologue's steps 1, 2 that are table steps
+    if (nlin < 2) idx1 = fetch_index(step_start(1) + ld_row);
+    idx2 = fetch_index(step_start(2) + ld_row);
+  }
 
   float m_run[KD_NTH], l_run[KD_NTH];  // softmax state of columns warp + KD_WARPS j: max (log2
                                        // units, the warp's), this lane's share of the sum
@@ -317,20 +408,25 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
 #pragma unroll
   for (int j = 0; j < KD_NTH; ++j) vis_live |= warp + KD_WARPS * j < nrows ? 1u << j : 0u;
 
-  for (int it = 0; it < nsteps; ++it) {
-    const int start = kv_begin + it * KD_BN;
+  // the compacted sequence (the loader follows it too) ends at a start of kv_end; the loop keeps
+  // no step count, a register fewer at the 40-row build's limit
+  for (int it = 0;; ++it) {
+    const int start = step_start(it);
+    if (start >= kv_end) break;  // block-uniform
     const int stage = it & 1;
-    if (it + 1 < nsteps) {
-      copy_step(stage ^ 1, row_src(start + KD_BN + ld_row, idx1));
+    const int next = step_start(it + 1);
+    const bool last = next >= kv_end;  // block-uniform
+    if (!last) {
+      copy_step(stage ^ 1, row_src(next + ld_row, idx1));
       idx1 = idx2;                                           // step it + 2
-      idx2 = fetch_index(start + 3 * KD_BN + ld_row);        // step it + 3
-      prefetch_l2(row_src(start + 2 * KD_BN + ld_row, idx1));
+      idx2 = fetch_index(step_start(it + 3) + ld_row);       // step it + 3
+      prefetch_l2(row_src(step_start(it + 2) + ld_row, idx1));
       kd::cp_async_wait<1>();
     } else {
       kd::cp_async_wait<0>();
     }
     __syncthreads();
-    const kd_u32 s_tile = s_ring + KD_MUT_READ_STAGE(stage, it + 1 == nsteps) * KD_STAGE_BYTES;
+    const kd_u32 s_tile = s_ring + KD_MUT_READ_STAGE(stage, last) * KD_STAGE_BYTES;
 
     // ---- which of this lane's scores are visible: bit j for query column warp + KD_WARPS j, KV row
     // start + lane. A step wholly inside the prefix (every step but a split's last, mostly) sees
@@ -343,7 +439,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
 #pragma unroll
       for (int j = 0; j < KD_NTH; ++j) {
         const int q = warp + KD_WARPS * j;
-        bool visible = q < nrows && pos < kv_end;  // idle columns see nothing: p = 0
+        bool visible = ((vis_live >> j) & 1u) && pos < kv_end;  // idle columns (q >= nrows) see nothing: p = 0
         if (visible && pos >= prefix) {
           const int i = sTok[q], jc = pos - prefix;
           if (mask)
@@ -397,11 +493,13 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
 
     // ---- sglang layout: the draft's V comes from v, not from k's first 512 dims -----------------
     // (the QK reads of this tile are done; PV reads it after the barrier below)
-    if (!p.unified && start + KD_BN > pool_len) {  // block-uniform; at most two steps of a request
+    // (the step's start is read again from the table, not held in a register across QK)
+    const int vstart = step_start(it);
+    if (!p.unified && vstart + KD_BN > pool_len) {  // block-uniform; the steps that reach the draft
       const kd_u32 tile_s = s_ring + stage * KD_STAGE_BYTES;
       for (int e = tid; e < KD_BN * (KD_DL / 8); e += KD_THREADS) {  // all copies in flight at once
         const int r = e / (KD_DL / 8), c = e % (KD_DL / 8);
-        const int vpos = start + r;
+        const int vpos = vstart + r;
         if (vpos >= pool_len && vpos < kv_end)
           kd::cp_async_16(tile_s + tile_off(r, c), vg + static_cast<kd_i64>(qs + vpos - pool_len) * p.v_stride_tok + c * 8, true);
       }
