@@ -208,14 +208,16 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   }
   // the table: the visible candidates' starts, then kv_end three times: the step after the last
   // and the loader's look-ahead past it (two more) read kv_end: no step, nothing loaded
-  // The loop reads nlin and kv_begin from shared memory too, not from registers: the 40-row
-  // build is at 255 registers on sm_90 and spilled with them held across the loop.
+  // At 8 warps the loop reads nlin and kv_begin from shared memory, not registers: the 40-row
+  // sm_90 build is at 253 registers and spilled holding them across the loop. At 16 warps
+  // (128 registers) the loads themselves made ptxas spill Q fragments; registers fit there.
+  constexpr bool kLeadInSmem = KD_NH == 1;
   int* sLead = reinterpret_cast<int*>(smem + KD_OFF_TAB);  // nlin, kv_begin
   int* sTab = sLead + 2;
   if (tid == 0) { sLead[0] = nlin; sLead[1] = kv_begin; }  // (published by the barriers before the loop)
   if (ncand == 0 && tid < 3) sTab[tid] = kv_end;
   auto step_start = [&](int k) -> int {
-    const int2 lead = *reinterpret_cast<const int2*>(sLead);
+    const int2 lead = kLeadInSmem ? *reinterpret_cast<const int2*>(sLead) : make_int2(nlin, kv_begin);
     return k < lead.x ? lead.y + k * KD_BN : sTab[k - lead.x];
   };
 
@@ -358,6 +360,19 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
       if (v1) sTab[__popc(b0) + __popc(b1 & below)] = kv_begin + (nlin + lane + 32) * KD_BN;
       if (lane < 3) sTab[nvis + lane] = kv_end;
     }
+    // the prologue's steps 1, 2 where they are table steps: the first visible candidates, read off
+    // the ballots (every thread has them), so their indices are in flight before Q's fragments
+    // fill the registers and before the table is published
+    if (nlin < 3) {
+      unsigned long long bits = (static_cast<unsigned long long>(b1) << 32) | b0;
+      const int c1 = __ffsll(static_cast<long long>(bits)) - 1;  // -1: none
+      bits &= bits - 1;
+      const int c2 = __ffsll(static_cast<long long>(bits)) - 1;
+      const int s1 = c1 < 0 ? kv_end : kv_begin + (nlin + c1) * KD_BN;
+      const int s2 = c2 < 0 ? kv_end : kv_begin + (nlin + c2) * KD_BN;
+      if (nlin == 1) idx1 = fetch_index(s1 + ld_row);
+      idx2 = fetch_index((nlin == 1 ? s2 : s1) + ld_row);
+    }
   }
   kd_u32 qf[KD_NTH][KD_KSTEPS][2];
   {
@@ -386,10 +401,6 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     }
   }
   __syncthreads();  // the first step copies the next tile over Q (and the skip table is published)
-  if (ncand > 0 && nlin < 3) {  // block-uniform: the prologue's steps 1, 2 that are table steps
-    if (nlin < 2) idx1 = fetch_index(step_start(1) + ld_row);
-    idx2 = fetch_index(step_start(2) + ld_row);
-  }
 
   float m_run[KD_NTH], l_run[KD_NTH];  // softmax state of columns warp + KD_WARPS j: max (log2
                                        // units, the warp's), this lane's share of the sum
