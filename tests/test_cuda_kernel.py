@@ -227,6 +227,109 @@ def test_matches_triton_rule():
         assert v.passed, v.reasons
 
 
+# ---- deep trees at a short prefix: the KV steps no row of a block sees are skipped ----------
+def _judge_each(case, runs):
+    """Judge every (label, Result) of one case against one float64 oracle run (the oracle of a
+    q_len 1025 case takes seconds: computed once, not once per split count)."""
+    ref, ref_lse = oracle.run(case)
+    cond = oracle.lse_condition(case)
+    for label, res in runs:
+        m = compare.metrics(res.out, ref, res.lse, ref_lse, lse_cond=cond)
+        v = compare.judge("cuda", m, ref)
+        assert v.passed, f"{case.summary()} {label} ({res.ran}): {v.reasons}"
+
+
+def _deep_runs(case, nsplits, nh2=True):
+    runs = [(f"nsplit {ns}", cuda.run(case, nsplit=ns)) for ns in nsplits]
+    if nh2:
+        runs.append(("16 warps", cuda.run(case, nh=2)))
+    return runs
+
+
+@pytest.mark.parametrize("layout", ["sglang", "unified"])
+@pytest.mark.parametrize("heads", [1, 8, 16])
+@pytest.mark.parametrize("tree", ["ddtree", "chain", "causal"])
+@pytest.mark.parametrize("prefix", [21, 1000])
+def test_deep_tree_q257(prefix, tree, heads, layout):
+    """q_len 257: most of a block's draft steps hold no column its tokens see (a tree mask: only
+    their ancestors; "causal" has no mask: columns up to the last token). The skipped steps must
+    change nothing: the automatic split count, one split, several (pure-draft splits, splits the
+    causal rule empties), 16 warps."""
+    case = synth.make_case(prefix=prefix, q_len=257, heads=heads, tree=tree, layout=layout, seed=31)
+    _judge_each(case, _deep_runs(case, (None, 1, 3, 8)))
+
+
+@pytest.mark.parametrize("tree", ["ddtree", "chain"])
+@pytest.mark.parametrize("heads", [1, 8])
+@pytest.mark.parametrize("prefix", [21, 1000])
+def test_deep_tree_q1025(prefix, heads, tree):
+    """q_len 1025 (33 draft steps, the skip table's candidates up to 32 per split at H 1's 40-token
+    blocks), one layout each way."""
+    layout = "unified" if heads == 1 else "sglang"
+    case = synth.make_case(prefix=prefix, q_len=1025, heads=heads, tree=tree, layout=layout, seed=32)
+    _judge_each(case, _deep_runs(case, (None, 1, 4), nh2=heads > 1))
+
+
+def test_deep_chain_past_the_skip_table():
+    """q_len 2100 at H 1: one split holds 67 draft steps, more than the skip table's 64 candidates,
+    so it streams every step (no skipping); two splits (34 and 33 steps) use the table."""
+    case = synth.make_case(prefix=21, q_len=2100, heads=1, tree="chain", seed=33)
+    _judge_each(case, _deep_runs(case, (1, 2), nh2=False))
+
+
+def _poison_draft(case, first_col):
+    """The case with request 0's draft K and V rows from column `first_col` on set to NaN, where
+    the kernel reads them (sglang: k and v; unified: the pool rows kv_indices name)."""
+    nan = float("nan")
+    if case.layout == "sglang":
+        k, v = case.k.clone(), case.v.clone()
+        k[first_col: case.q_lens[0]] = nan
+        v[first_col: case.q_lens[0]] = nan
+        return case.clone(k=k, v=v)
+    pool = case.kv_buffer.clone()
+    p0, n0 = int(case.prefix_lens[0]), case.q_lens[0]
+    pool[case.kv_indices[p0 + first_col: p0 + n0].long()] = nan
+    return case.clone(kv_buffer=pool)
+
+
+@pytest.mark.parametrize("layout", ["sglang", "unified"])
+@pytest.mark.parametrize("tree", ["ddtree", "chain", "causal"])
+@pytest.mark.parametrize("prefix", [21, 1000])
+def test_skipped_steps_are_not_read(prefix, tree, layout):
+    """The skip really skips. Tokens 0..4 of a tree (parents come first) see draft columns 0..4
+    only; the draft's K and V past the first draft step's columns are NaN. A block that still
+    streamed one of those steps would add p = 0 x NaN = NaN to its rows; the blocks of tokens
+    0..4 (40 rows at nt 5, H 8; one token per block at nt 1) must instead give bit for bit the
+    output of the clean case, which the oracle judges. Causal without a mask also at 3 splits
+    (the rule empties the later splits); a mask's split always streams its first step (its index
+    chain starts before the visibility pass), so with a mask only one split keeps NaN out."""
+    clean = synth.make_case(prefix=prefix, q_len=257, heads=8, tree=tree, layout=layout, seed=34)
+    first_col = (prefix // 32 + 1) * 32 - prefix  # the first draft column of the second draft step
+    assert first_col > 4
+    poisoned = _poison_draft(clean, first_col)
+    runs = []
+    for nt in (1, 5):
+        for nsplit in (1, 3) if tree == "causal" else (1,):
+            a, b = cuda.run(clean, nt=nt, nsplit=nsplit), cuda.run(poisoned, nt=nt, nsplit=nsplit)
+            assert torch.isnan(b.out.float()).any(), "the poison reaches the tokens that see it"
+            assert torch.equal(a.out[:5], b.out[:5]) and torch.equal(a.lse[:5], b.lse[:5]), \
+                f"nt {nt}, nsplit {nsplit}: tokens 0..4 read a skipped step ({b.ran})"
+            runs.append((f"nt {nt} nsplit {nsplit}", a))
+    _judge_each(clean, runs)
+
+
+@pytest.mark.parametrize("layout", ["sglang", "unified"])
+@pytest.mark.parametrize("mutant", sorted(kernel.MUTANTS))
+def test_mutants_fail_on_a_deep_tree(mutant, layout):
+    """Where the skip table is in use (q_len 129 and 65 at prefix 21 and 300): the mask mutants
+    misread the mask in the visibility pass as in the scores, so every mutant still fails."""
+    case = to_layout(synth.make_case(bs=2, prefix=[21, 300], q_len=[129, 65], heads=8, tree="ddtree",
+                                     seed=8), layout)
+    assert _judge(case, cuda.run(case, nsplit=3)).passed
+    v = _judge(case, cuda.run(case, nsplit=3, mutant=mutant))
+    assert not v.passed, f"mutant {mutant} passed the check: the checker is broken"
+
+
 # ---- sm_scale, kdkit bench's shapes and its Triton decode baseline --------------------------
 @pytest.mark.parametrize("sm_scale", [0.05, 576 ** -0.5, 1.0], ids=["0.05", "576^-0.5", "1.0"])
 def test_sm_scale(sm_scale):
