@@ -47,6 +47,18 @@ def test_sixteen_warp_builds_fit(nt):
         vk.KernelConfig(nt=1, nh=2)
 
 
+def test_eight_row_build_fits_two_blocks_per_sm_on_sm90():
+    """The 8-row build (the planner's choice for short KV and for deep trees at short prefix) runs
+    two blocks per SM on an H200 (sm_90: 228 KB of shared memory, 64K registers per SM, 1 KB
+    reserved per block): <= 128 registers at 256 threads. The step skip's visibility pass is
+    sized to keep it so."""
+    rep = vk.compile_report("sm_90", vk.KernelConfig(nt=1))
+    assert rep.breaches() == [], rep.table()
+    regs = rep.kernels[vk.PARTIAL].registers
+    assert 2 * regs * rep.meta["threads"] <= 65536, f"{regs} registers: one block per SM"
+    assert 2 * (rep.dynamic_smem + rep.kernels[vk.PARTIAL].smem_static + 1024) <= 228 * 1024
+
+
 @pytest.mark.parametrize("arch", ["sm_89", "sm_100"])
 def test_builds_for_other_archs(arch):
     assert vk.compile_report(arch).breaches() == []

@@ -7,7 +7,9 @@
 // One block = (up to KD_NQ = 8*KD_NT query rows of one request, one KV split, one request). The
 // block streams its split of the request's KV once, 32 rows per step, through a double-buffered
 // cp.async ring of swizzled tiles; blocks holding the other rows of the same request and split are
-// adjacent in the grid, so their read of the same KV hits L2.
+// adjacent in the grid, so their read of the same KV hits L2. Steps whose columns no row of the
+// block sees (draft columns outside its tokens' tree ancestry) are skipped: see "the steps this
+// block streams" below.
 //   QK:  S^T[32 x NQ] = K[32 x 576] Q^T. Warp w: KV m-tile (w & 1), dim group dg = (w >> 1) & 3
 //        (the k-steps of 16 dims dg, dg + 4, ..., dg + 32), query half w >> 3 (KD_NH = 2: 16
 //        warps); Q lives in registers as B fragments; the four dim groups' partial scores meet in
@@ -128,8 +130,8 @@ static_assert(KD_NQ * KD_OPITCH * 4 <= KD_OFF_P, "the epilogue's O tile fits in 
 static_assert(3 * KD_NQ * 4 + KD_NQ * 8 <= KD_NQ * KD_PPITCH * 2 && KD_OFF_P % 8 == 0,
               "the epilogue's max, sum, 1 / sum and row destinations fit in the P tile");
 static_assert(KD_OPITCH % 32 == 4, "O tile stores: bank 8t + 4c + g, no conflict");
-static_assert(KD_SKIP_MAX == 64 && KD_SKIP_MAX <= KD_NQ * KD_PPITCH * 2,
-              "the skip pass: two ballots of candidate steps, their flags in the P tile until the first step");
+static_assert(KD_SKIP_MAX == 64 && KD_WARPS * 8 <= KD_NQ * KD_PPITCH * 2,
+              "the skip pass: 64 candidate steps, each warp's 64-bit vote word in the P tile until the first step");
 
 // what Python reads back from the build (kdkit/kernel/spec.py): one source for these numbers
 extern "C" __device__ int kd_meta_smem_bytes = KD_SMEM_BYTES;
@@ -292,29 +294,47 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   const KD_KVI_T idx0 = fetch_index(lead_start(0) + ld_row);
 
   // ---- the visibility pass (mask only): candidate c (step nlin + c) is visible iff a token
-  // i0..i1 sees one of its columns. Warp w takes candidates w, w + KD_WARPS, ...; lane = column;
-  // the tokens' mask bytes of a candidate in batches of 8 (coalesced rows of 32 bytes), until one
-  // is set. The mask is read through the same hooks as the per-score test below, so a mutant's
-  // misread mask decides the skipping too. Flags go to the P tile (free until the first step).
-  kd_u8* sVis = smem + KD_OFF_P;
+  // i0..i1 sees one of its columns. The (candidate, token) pairs are dealt to the warps, lane =
+  // column: each lane loads one mask byte per pair (a warp reads 32 consecutive bytes), 8 pairs'
+  // loads in flight before their votes (the pass is on the path to the first tile: one or two
+  // memory latencies at H >= 8, where a block holds <= 6 tokens). Each warp ORs its votes into
+  // a 64-bit word of candidates, published in the P tile (free until the first step). The mask
+  // is read through the same hooks as the per-score test below, so a mutant's misread mask
+  // decides the skipping too.
+  kd_u32* sVisW = reinterpret_cast<kd_u32*>(smem + KD_OFF_P);  // [KD_WARPS][2]
   if (ncand > 0) {  // block-uniform
-    for (int c = warp; c < ncand; c += KD_WARPS) {
-      const int s0 = kv_begin + (nlin + c) * KD_BN, pos = s0 + lane;
-      bool seen = s0 < prefix;  // it holds prefix columns: every row sees them (warp-uniform)
-      if (!seen) {              // all its columns are draft columns (s0 >= prefix)
-        const bool col_ok = pos < kv_end;
-        const kd_i64 col = mask_base + prefix + KD_MUT_MASK_COL(pos - prefix, n);
-        for (int i = i0; i <= i1 && !seen; i += 8) {  // warp-uniform trip count and exit
-          kd_u32 acc = 0;
+    constexpr int U = 8;  // 16 took the 8-row build past 128 registers on sm_90: one block per SM, not two
+    const int ntok = i1 - i0 + 1, npairs = ncand * ntok;
+    const int dc = KD_WARPS / ntok, dt = KD_WARPS % ntok;  // pair e + KD_WARPS: candidate + dc, token + dt
+    kd_u32 m0 = 0, m1 = 0;  // this warp's visible candidates 0..31, 32..63
+    // pair e = cand ntok + tok (warp-uniform), e = warp + KD_WARPS r
+    int cand = warp / ntok, tok = warp % ntok;
+    for (int e0 = warp; e0 < npairs; e0 += U * KD_WARPS) {
+      kd_u32 seen[U];
+      int cu[U];
 #pragma unroll
-          for (int u = 0; u < 8; ++u)
-            if (col_ok && i + u <= i1)
-              acc |= mask[col + static_cast<kd_i64>(KD_MUT_MASK_ROW(i + u, n)) * mask_pitch];
-          seen = __any_sync(0xffffffffu, acc != 0u);
+      for (int u = 0; u < U; ++u) {  // every load first, then the votes
+        const int s0 = kv_begin + (nlin + cand) * KD_BN, pos = s0 + lane;
+        seen[u] = 0u;
+        cu[u] = cand;
+        if (cand < ncand) {
+          if (s0 < prefix)  // the candidate holds prefix columns: every row sees them
+            seen[u] = 1u;
+          else if (pos < kv_end)
+            seen[u] = mask[mask_base + static_cast<kd_i64>(KD_MUT_MASK_ROW(i0 + tok, n)) * mask_pitch + prefix +
+                           KD_MUT_MASK_COL(pos - prefix, n)];
         }
+        cand += dc;
+        tok += dt;
+        if (tok >= ntok) { tok -= ntok; ++cand; }
       }
-      if (lane == 0) sVis[c] = seen ? 1 : 0;
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (__any_sync(0xffffffffu, seen[u] != 0u)) {  // (past the last pair: seen 0)
+          if (cu[u] < 32) m0 |= 1u << cu[u]; else m1 |= 1u << (cu[u] - 32);
+        }
     }
+    if (lane == 0) { sVisW[2 * warp] = m0; sVisW[2 * warp + 1] = m1; }
   }
   if (nlin > 0)
     copy_step(0, row_src(kv_begin + ld_row, idx0));
@@ -351,8 +371,14 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   kd::cp_async_wait<1>();  // Q's group landed (the first tile's, committed after it, may still fly)
   __syncthreads();         // (and the visibility flags are published)
   if (ncand > 0) {  // block-uniform: every warp counts the visible candidates, warp 0 lists their starts
-    const bool v0 = lane < ncand && sVis[lane] != 0, v1 = lane + 32 < ncand && sVis[lane + 32] != 0;
-    const kd_u32 b0 = __ballot_sync(0xffffffffu, v0), b1 = __ballot_sync(0xffffffffu, v1);
+    kd_u32 b0 = 0, b1 = 0;  // the visible candidates: every warp's votes
+#pragma unroll
+    for (int w = 0; w < KD_WARPS; ++w) {
+      const uint2 m = *reinterpret_cast<const uint2*>(sVisW + 2 * w);
+      b0 |= m.x;
+      b1 |= m.y;
+    }
+    const bool v0 = (b0 >> lane) & 1u, v1 = (b1 >> lane) & 1u;
     const int nvis = __popc(b0) + __popc(b1);
     if (warp == 0) {
       const kd_u32 below = (1u << lane) - 1u;
@@ -361,8 +387,8 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
       if (lane < 3) sTab[nvis + lane] = kv_end;
     }
     // the prologue's steps 1, 2 where they are table steps: the first visible candidates, read off
-    // the ballots (every thread has them), so their indices are in flight before Q's fragments
-    // fill the registers and before the table is published
+    // the vote words (every thread has them), so their indices are in flight before Q's
+    // fragments fill the registers and before the table is published
     if (nlin < 3) {
       unsigned long long bits = (static_cast<unsigned long long>(b1) << 32) | b0;
       const int c1 = __ffsll(static_cast<long long>(bits)) - 1;  // -1: none
