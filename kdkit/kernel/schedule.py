@@ -61,7 +61,9 @@ def modelled_us(bs: int, blocks: int, max_kv_len: int, nt: int, nsplit: int, sm_
     """The modelled time of a launch of the 8-warp builds: blocks run one per SM (~80-100 KB of
     shared memory and up to 255 registers x 256 threads on sm_120), so a launch takes
     ceil(blocks / SMs) waves of its longest block, which streams ceil(steps / nsplit) KV steps and
-    does its fixed work."""
+    does its fixed work. That is an upper bound where a block skips steps (the kernel skips the
+    draft steps none of a block's tokens sees: most of a deep tree's at a short prefix); the mask
+    is device data, unknown here, and the longest block (a chain's last tokens) still streams all."""
     steps = cdiv(max(1, cdiv(max_kv_len, BLOCK_N)), nsplit)
     waves = cdiv(bs * blocks * nsplit, sm_count)
     block = steps * (STEP_US + STEP_US_PER_NTILE * nt) + BLOCK_US_PER_NTILE * nt
