@@ -239,6 +239,14 @@ def _judge_each(case, runs):
         assert v.passed, f"{case.summary()} {label} ({res.ran}): {v.reasons}"
 
 
+def _deep_case(prefix, q_len, heads, tree, layout, seed):
+    """A one-request case; tree "noncausal" is "causal" (no mask) with causal=False: every row
+    sees every draft column, so nothing may be skipped."""
+    case = synth.make_case(prefix=prefix, q_len=q_len, heads=heads, layout=layout, seed=seed,
+                           tree="causal" if tree == "noncausal" else tree)
+    return case.clone(causal=False) if tree == "noncausal" else case
+
+
 def _deep_runs(case, nsplits, nh2=True):
     runs = [(f"nsplit {ns}", cuda.run(case, nsplit=ns)) for ns in nsplits]
     if nh2:
@@ -248,14 +256,14 @@ def _deep_runs(case, nsplits, nh2=True):
 
 @pytest.mark.parametrize("layout", ["sglang", "unified"])
 @pytest.mark.parametrize("heads", [1, 8, 16])
-@pytest.mark.parametrize("tree", ["ddtree", "chain", "causal"])
+@pytest.mark.parametrize("tree", ["ddtree", "chain", "causal", "noncausal"])
 @pytest.mark.parametrize("prefix", [21, 1000])
 def test_deep_tree_q257(prefix, tree, heads, layout):
     """q_len 257: most of a block's draft steps hold no column its tokens see (a tree mask: only
-    their ancestors; "causal" has no mask: columns up to the last token). The skipped steps must
-    change nothing: the automatic split count, one split, several (pure-draft splits, splits the
-    causal rule empties), 16 warps."""
-    case = synth.make_case(prefix=prefix, q_len=257, heads=heads, tree=tree, layout=layout, seed=31)
+    their ancestors; "causal" has no mask: columns up to the last token; "noncausal": all). The
+    skipped steps must change nothing: the automatic split count, one split, several (pure-draft
+    splits, splits the causal rule empties), 16 warps."""
+    case = _deep_case(prefix, 257, heads, tree, layout, seed=31)
     _judge_each(case, _deep_runs(case, (None, 1, 3, 8)))
 
 
