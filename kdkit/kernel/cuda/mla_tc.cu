@@ -100,8 +100,8 @@ using bf16 = __nv_bfloat16;
 // and its sum 0 (LSE -inf)
 #define KD_M_FLOOR (-3.40282347e38f)
 
-// the most draft steps of a split whose visibility the block checks before it streams them (two
-// ballots of 32): 2048 draft columns; a split with more streams every step (correct, not skipped)
+// the most draft steps of a split whose visibility the block checks before it streams them (a
+// 64-bit vote word): 2048 draft columns; a split with more streams every step (correct, not skipped)
 #define KD_SKIP_MAX 64
 
 // dynamic shared memory, bytes: KV ring | partial scores | P | rescale per column | token per column
