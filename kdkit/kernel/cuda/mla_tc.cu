@@ -105,14 +105,15 @@ using bf16 = __nv_bfloat16;
 #define KD_SKIP_MAX 64
 
 // dynamic shared memory, bytes: KV ring | partial scores | P | rescale per column | token per column
-// | the skip table: nlin and kv_begin, the starts of the visible draft steps, 3 x kv_end
+// | the block's row count (for the epilogue) | the skip table: the starts of the visible draft
+// steps, then 3 x kv_end
 #define KD_STAGE_BYTES (KD_BN * KD_ROW_BYTES)
 #define KD_OFF_S (KD_STAGES * KD_STAGE_BYTES)
 #define KD_OFF_P (KD_OFF_S + KD_KG * KD_NQ * KD_SPITCH * 4)
 #define KD_OFF_ALPHA (KD_OFF_P + KD_NQ * KD_PPITCH * 2)
 #define KD_OFF_TOK (KD_OFF_ALPHA + KD_NQ * 4)
 #define KD_OFF_TAB (KD_OFF_TOK + KD_NQ * 4)
-#define KD_SMEM_BYTES (KD_OFF_TAB + 8 + (KD_SKIP_MAX + 3) * 4)
+#define KD_SMEM_BYTES (KD_OFF_TAB + 16 + (KD_SKIP_MAX + 3) * 4)
 #define KD_OPITCH (KD_DL + 4)           // epilogue's O tile pitch (fp32): fragment stores conflict-free
 
 static_assert(KD_SMEM_BYTES <= KD_SMEM_LIMIT, "shared memory per block exceeds sm_120's 99 KB");
@@ -209,19 +210,15 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     nlin = kv_begin < last ? kd::cdiv(last - kv_begin, KD_BN) : 0;  // 0: an empty split (LSE -inf)
   }
   // the table: the visible candidates' starts, then kv_end three times: the step after the last
-  // and the loader's look-ahead past it (two more) read kv_end: no step, nothing loaded
-  // At 8 warps the loop reads nlin and kv_begin from shared memory, not registers: the 40-row
-  // sm_90 build is at 253 registers and spilled holding them across the loop. At 16 warps
-  // (128 registers) the loads themselves made ptxas spill Q fragments; registers fit there.
-  constexpr bool kLeadInSmem = KD_NH == 1;
-  int* sLead = reinterpret_cast<int*>(smem + KD_OFF_TAB);  // nlin, kv_begin
-  int* sTab = sLead + 2;
-  if (tid == 0) { sLead[0] = nlin; sLead[1] = kv_begin; }  // (published by the barriers before the loop)
+  // and the loader's look-ahead past it (two more) read kv_end: no step, nothing loaded. A leading
+  // step's start is computed (no shared-memory load on the loop's path where nothing is skipped).
+  // The epilogue reads nrows back from shared memory: the register it held across the loop is
+  // the one that nlin needs (the 40-row sm_90 build is at 255 and spilled otherwise).
+  int* sRows = reinterpret_cast<int*>(smem + KD_OFF_TAB);
+  int* sTab = sRows + 4;
+  if (tid == 0) *sRows = nrows;  // (published by the barriers before the loop)
   if (ncand == 0 && tid < 3) sTab[tid] = kv_end;
-  auto step_start = [&](int k) -> int {
-    const int2 lead = kLeadInSmem ? *reinterpret_cast<const int2*>(sLead) : make_int2(nlin, kv_begin);
-    return k < lead.x ? lead.y + k * KD_BN : sTab[k - lead.x];
-  };
+  auto step_start = [&](int k) -> int { return k < nlin ? kv_begin + k * KD_BN : sTab[k - nlin]; };
 
   float* sS = reinterpret_cast<float*>(smem + KD_OFF_S);
   bf16* sP = reinterpret_cast<bf16*>(smem + KD_OFF_P);
@@ -665,7 +662,8 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   float* sInv = reinterpret_cast<float*>(sDst + KD_NQ);   // each row's 1 / sum (0: it saw nothing)
   const bool direct = p.nsplit == 1;
   // each row's destination, computed once (the store loop below then has no division by H)
-  if (tid < nrows) {
+  const int erows = *sRows;  // nrows (see sRows)
+  if (tid < erows) {
     const int r = row0 + tid, i = r / H, h = r % H;
     sDst[tid] = direct ? static_cast<kd_i64>(qs + i) * p.out_stride_tok + static_cast<kd_i64>(h) * p.out_stride_head
                        : (static_cast<kd_i64>(split) * p.total_rows + static_cast<kd_i64>(qs + i) * H + h) * KD_DL;
@@ -696,7 +694,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   static_assert(KD_THREADS % (KD_DL / 4) == 0, "the epilogue's passes cover whole rows");
   constexpr int KD_EPI_ROWS = KD_THREADS / (KD_DL / 4);
   const int d = (tid % (KD_DL / 4)) * 4;
-  for (int q = tid / (KD_DL / 4); q < nrows; q += KD_EPI_ROWS) {
+  for (int q = tid / (KD_DL / 4); q < erows; q += KD_EPI_ROWS) {
     const float inv = sInv[q];
     const float4 v = *reinterpret_cast<const float4*>(sO + q * KD_OPITCH + d);
     const kd_i64 dst = sDst[q] + d;
@@ -711,7 +709,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
       *reinterpret_cast<float4*>(p.o_part + dst) = make_float4(v.x * inv, v.y * inv, v.z * inv, v.w * inv);
     }
   }
-  if (tid < nrows) {
+  if (tid < erows) {
     const int q = tid, r = row0 + q;
     const float l = sL[q];
     const float lse = l > 0.f ? (sM[q] + log2f(l)) * KD_LN2 : -KD_INF;
