@@ -213,7 +213,9 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   // and the loader's look-ahead past it (two more) read kv_end: no step, nothing loaded. A leading
   // step's start is computed (no shared-memory load on the loop's path where nothing is skipped).
   // The epilogue reads nrows back from shared memory: the register it held across the loop is
-  // the one that nlin needs (the 40-row sm_90 build is at 255 and spilled otherwise).
+  // the one that nlin needs (the 40-row sm_90 build is at 255 and spilled otherwise; three of its
+  // mutant builds spill 4 bytes). Should it spill again: step_start reading nlin and kv_begin from
+  // shared memory fit in 252 (one shared-memory load's latency per step).
   int* sRows = reinterpret_cast<int*>(smem + KD_OFF_TAB);
   int* sTab = sRows + 4;
   if (tid == 0) *sRows = nrows;  // (published by the barriers before the loop)
