@@ -257,7 +257,7 @@ def _deep_runs(case, nsplits, nh2=True):
 @pytest.mark.parametrize("layout", ["sglang", "unified"])
 @pytest.mark.parametrize("heads", [1, 8, 16])
 @pytest.mark.parametrize("tree", ["ddtree", "chain", "causal", "noncausal"])
-@pytest.mark.parametrize("prefix", [21, 1000])
+@pytest.mark.parametrize("prefix", [21, 70, 1000])  # 70: the split's second step holds prefix columns
 def test_deep_tree_q257(prefix, tree, heads, layout):
     """q_len 257: most of a block's draft steps hold no column its tokens see (a tree mask: only
     their ancestors; "causal" has no mask: columns up to the last token; "noncausal": all). The
@@ -278,10 +278,12 @@ def test_deep_tree_q1025(prefix, heads, tree):
     _judge_each(case, _deep_runs(case, (None, 1, 4), nh2=heads > 1))
 
 
-def test_deep_chain_past_the_skip_table():
-    """q_len 2100 at H 1: one split holds 67 draft steps, more than the skip table's 64 candidates,
-    so it streams every step (no skipping); two splits (34 and 33 steps) use the table."""
-    case = synth.make_case(prefix=21, q_len=2100, heads=1, tree="chain", seed=33)
+@pytest.mark.parametrize("q_len", [2100, 2050])
+def test_deep_chain_past_the_skip_table(q_len):
+    """H 1, one split: q_len 2100 holds 67 draft steps, more than the skip table's 64 candidates,
+    so it streams every step (no skipping); 2050 fills the table to its last entry. Two splits
+    (about 33 steps each) use the table."""
+    case = synth.make_case(prefix=21, q_len=q_len, heads=1, tree="chain", seed=33)
     _judge_each(case, _deep_runs(case, (1, 2), nh2=False))
 
 
