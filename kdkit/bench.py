@@ -17,8 +17,8 @@ Output: one JSON file per run, benchmarks/results/<gpu>-<date>.json:
 {"gpu", "sms", "copy_gbps", "mma_tflops", "driver", "versions", "date", "rows": [{backend, bs,
 prefix, q_len, heads, nsplit, nsplit_auto, graph, us, gbps, floor_us, roofline_frac,
 speedup_vs_triton, host_us}], "skipped", "complete"}; the file is rewritten after every shape, so
-a run cut short keeps what it measured ("complete": false, and "stopped": why). The grid and the --quick subset are the "bench" and "bench-quick"
-sets of kdkit/shapes.json.
+a run cut short keeps what it measured ("complete": false, and "stopped": why). The grid and the
+--quick subset are the "bench" and "bench-quick" sets of kdkit/shapes.json.
 """
 from __future__ import annotations
 
@@ -409,7 +409,7 @@ class RunFile:
     short keeps every shape it measured; the last write is the complete run."""
 
     def __init__(self, out_dir: Path):
-        self.out_dir, self.path, self.last, self.error = Path(out_dir), None, None, None
+        self.out_dir, self.path, self.last = Path(out_dir), None, None
 
     def write(self, res: dict) -> Path:
         self.path = save(res, self.out_dir, overwrite=self.path is not None)
@@ -419,8 +419,8 @@ class RunFile:
     def partial(self, res: dict) -> None:
         try:
             self.write(res)
-        except OSError as e:  # the final write says where the run went; the measuring goes on
-            self.error = e
+        except OSError:  # the measuring goes on; the final write says where the run went
+            pass
 
 
 def _names(text: str) -> list[str]:
