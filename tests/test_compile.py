@@ -59,6 +59,35 @@ def test_eight_row_build_fits_two_blocks_per_sm_on_sm90():
     assert 2 * (rep.dynamic_smem + rep.kernels[vk.PARTIAL].smem_static + 1024) <= 228 * 1024
 
 
+def test_skip_builds_fit():
+    """The skip build at every block size and warp count: sm_120's limits, no spills (on sm_90 too,
+    but for the 16-warp 40-row build, as in test_sixteen_warp_builds_fit)."""
+    for arch in ("sm_120", "sm_90"):
+        for nt in vk.NT_CHOICES:
+            for nh in (1, 2) if nt >= 2 else (1,):
+                if arch == "sm_90" and nh == 2 and nt == 5:
+                    continue
+                rep = vk.compile_report(arch, vk.KernelConfig(nt=nt, nh=nh, skip=True))
+                assert rep.breaches() == [], rep.table()
+                assert rep.kernels[vk.PARTIAL].spill_stores == 0, (arch, nt, nh)
+    # the mutants at the 40-row build, the one at the register limit, on the target (on sm_90 three
+    # of them spill 4 B: a wrong build by design, its spill changes nothing it computes)
+    for mutant in sorted(mutants.MUTANTS):
+        rep = vk.compile_report("sm_120", vk.KernelConfig(nt=5, skip=True, mutant=mutant))
+        assert rep.breaches() == [], (mutant, rep.table())
+
+
+def test_choose_skip():
+    """The skip build only where the draft is most of the KV (schedule.choose_skip's measurements)."""
+    assert schedule.choose_skip(257, 21 + 257, True)          # 1 x 21, q_len 257: 9 draft steps of 9
+    assert schedule.choose_skip(1025, 1000 + 1025, True)
+    assert not schedule.choose_skip(257, 21 + 257, False)     # no mask: nothing to skip beyond causal
+    assert not schedule.choose_skip(64, 21 + 64, True)        # 2 draft steps: measured slower
+    assert not schedule.choose_skip(9, 1024 + 9, True)
+    assert not schedule.choose_skip(257, 8192 + 257, True)    # 9 draft steps of 265
+    assert not schedule.choose_skip(257, 1024 + 257, True)
+
+
 @pytest.mark.parametrize("arch", ["sm_89", "sm_100"])
 def test_builds_for_other_archs(arch):
     assert vk.compile_report(arch).breaches() == []

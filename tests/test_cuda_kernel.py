@@ -248,9 +248,11 @@ def _deep_case(prefix, q_len, heads, tree, layout, seed):
 
 
 def _deep_runs(case, nsplits, nh2=True):
-    runs = [(f"nsplit {ns}", cuda.run(case, nsplit=ns)) for ns in nsplits]
+    """The skip build at each split count (and with 16 warps), and the plan's own choice."""
+    runs = [(f"skip, nsplit {ns}", cuda.run(case, nsplit=ns, skip=True)) for ns in nsplits]
+    runs.append(("the plan's choice", cuda.run(case)))
     if nh2:
-        runs.append(("16 warps", cuda.run(case, nh=2)))
+        runs.append(("skip, 16 warps", cuda.run(case, nh=2, skip=True)))
     return runs
 
 
@@ -264,7 +266,10 @@ def test_deep_tree_q257(prefix, tree, heads, layout):
     skipped steps must change nothing: the automatic split count, one split, several (pure-draft
     splits, splits the causal rule empties), 16 warps."""
     case = _deep_case(prefix, 257, heads, tree, layout, seed=31)
-    _judge_each(case, _deep_runs(case, (None, 1, 3, 8)))
+    runs = _deep_runs(case, (None, 1, 3, 8))
+    if prefix == 21 and tree in ("ddtree", "chain"):  # 9 draft steps of 9: the plan takes the skip build
+        assert "skip1" in runs[-2 if heads > 1 else -1][1].ran
+    _judge_each(case, runs)
 
 
 @pytest.mark.parametrize("tree", ["ddtree", "chain"])
@@ -320,7 +325,8 @@ def test_skipped_steps_are_not_read(prefix, tree, layout):
     runs = []
     for nt in (1, 5):
         for nsplit in (1, 3) if tree == "causal" else (1,):
-            a, b = cuda.run(clean, nt=nt, nsplit=nsplit), cuda.run(poisoned, nt=nt, nsplit=nsplit)
+            a = cuda.run(clean, nt=nt, nsplit=nsplit, skip=True)
+            b = cuda.run(poisoned, nt=nt, nsplit=nsplit, skip=True)
             assert torch.isnan(b.out.float()).any(), "the poison reaches the tokens that see it"
             assert torch.equal(a.out[:5], b.out[:5]) and torch.equal(a.lse[:5], b.lse[:5]), \
                 f"nt {nt}, nsplit {nsplit}: tokens 0..4 read a skipped step ({b.ran})"
@@ -335,9 +341,29 @@ def test_mutants_fail_on_a_deep_tree(mutant, layout):
     misread the mask in the visibility pass as in the scores, so every mutant still fails."""
     case = to_layout(synth.make_case(bs=2, prefix=[21, 300], q_len=[129, 65], heads=8, tree="ddtree",
                                      seed=8), layout)
-    assert _judge(case, cuda.run(case, nsplit=3)).passed
-    v = _judge(case, cuda.run(case, nsplit=3, mutant=mutant))
+    assert _judge(case, cuda.run(case, nsplit=3, skip=True)).passed
+    v = _judge(case, cuda.run(case, nsplit=3, mutant=mutant, skip=True))
     assert not v.passed, f"mutant {mutant} passed the check: the checker is broken"
+
+
+@pytest.mark.parametrize("nt", spec.NT_CHOICES)
+def test_skip_builds_agree(nt):
+    """The skip build (which the plan takes only for deep trees at a short prefix) on the
+    partial-n-tile shape and every bundled case: causal, ragged, no mask, long prefix."""
+    case = _named("block-sizes")
+    v = _judge(case, cuda.run(case, nt=nt, skip=True))
+    assert v.passed, v.reasons
+    for name in ["seed-shape.pt", "ragged-bs4.pt", "ddtree-b64.pt", "long-prefix-8k.pt"]:
+        case = load(DATA / name)
+        v = _judge(case, cuda.run(case, nt=nt, skip=True))
+        assert v.passed, (name, v.reasons)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_skip_sweep(seed):
+    case = synth.random_case(seed)
+    v = _judge(case, cuda.run(case, skip=True))
+    assert v.passed, f"{case.summary()}: {v.reasons}"
 
 
 # ---- sm_scale, kdkit bench's shapes and its Triton decode baseline --------------------------

@@ -89,12 +89,15 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
          custom_mask=None, mask_indptr=None, logit_cap: float = 0.0, causal: bool = False,
          layout: str = "sglang", max_q_len: int | None = None, nsplit: int | None = None,
          mutant: str | None = None, check: bool = True, nt: int | None = None, nh: int | None = None,
-         num_tokens: int | None = None, max_kv_len: int | None = None) -> Plan:
+         skip: bool | None = None, num_tokens: int | None = None, max_kv_len: int | None = None) -> Plan:
     """Host work for one batch. The grid covers `max_q_len` tokens per request (None: all T tokens
     of the call, so a graph replay stays right however the same T tokens are split among the
     requests; SGLang's verify graphs keep q_len fixed: pass it). Prefix lengths may change freely
     between replays: each block finds its KV range on the GPU; nsplit is fixed here (from
     `max_kv_len`, default: the longest request now).
+
+    skip (None: schedule.choose_skip) builds the kernel that streams only the draft steps some
+    row of a block sees (a mask's tree ancestry).
 
     check=True reads the index arrays once and refuses bad contents; check=False with num_tokens,
     max_q_len and max_kv_len given reads nothing from the device (planning inside graph capture)."""
@@ -136,7 +139,9 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
                pfx_t=prefix_lens.dtype if prefix_lens is not None else torch.int64,
                mip_t=mask_indptr.dtype if mask_indptr is not None else torch.int64)
     try:
-        cfg = spec.KernelConfig(nt=nt, mutant=mutant, nh=nh, **idx)
+        if skip is None:
+            skip = schedule.choose_skip(int(max_q_len), sizes["max_kv_len"], custom_mask is not None)
+        cfg = spec.KernelConfig(nt=nt, mutant=mutant, nh=nh, skip=bool(skip), **idx)
     except (KeyError, ValueError) as e:
         raise InputError(f"field 'mutant': {e}") from None
     rpc = schedule.rows_per_block(rows, nt)

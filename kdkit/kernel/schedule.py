@@ -97,6 +97,22 @@ def choose(bs: int, rows: int, max_kv_len: int, sm_count: int, total_rows: int,
     return best
 
 
+# The skip build (spec.KernelConfig.skip) streams only the draft steps that some row of a block
+# sees. It pays for that with a pass over the block's mask rows before its first tile (one or two
+# memory latencies on the way in) and a step table in its loop. Measured on the H200 (graph
+# replay, H 8, ddtree, 2026-12-01; the same kernel built both ways): 1 x 21 at q_len 257 took
+# 24.0 us against 37.2, but every q_len 9 shape was 2-7% slower (1 x 1K 15.8 against 14.7 us,
+# 1 x 32K 45.7 against 43.1, 1 x 128K 130 against 122) and 1 x 21 at q_len 64 1.6% slower. So the
+# plan takes it only where the draft is most of the KV: a mask, at least 3 draft steps, and at
+# least half of the longest request's steps draft.
+SKIP_MIN_DRAFT_STEPS = 3
+
+
+def choose_skip(max_q_len: int, max_kv_len: int, masked: bool) -> bool:
+    draft = cdiv(max_q_len, BLOCK_N)
+    return masked and draft >= SKIP_MIN_DRAFT_STEPS and 2 * draft >= cdiv(max_kv_len, BLOCK_N)
+
+
 THREADS_PER_SM = 2048  # resident threads per SM on sm_80..sm_120
 
 

@@ -37,6 +37,7 @@ class KernelConfig:
     nt: int = DEFAULT_NT      # query rows per block = 8 * nt
     mutant: str | None = None
     nh: int = 1               # 16 warps per block when 2 (each QK/softmax/PV warp takes half the work)
+    skip: bool = False        # stream only the draft steps some row of a block sees (schedule.choose_skip)
     qo_t: torch.dtype = torch.int32
     kvp_t: torch.dtype = torch.int32
     kvi_t: torch.dtype = torch.int32
@@ -56,7 +57,7 @@ class KernelConfig:
         return 8 * self.nt
 
     def defines(self) -> dict:
-        d = {"KD_DL": DL, "KD_DR": DR, "KD_NT": self.nt, "KD_NH": self.nh, "KD_MAX_SPLITS": MAX_SPLITS,
+        d = {"KD_DL": DL, "KD_DR": DR, "KD_NT": self.nt, "KD_NH": self.nh, "KD_SKIP": int(self.skip), "KD_MAX_SPLITS": MAX_SPLITS,
              "KD_MERGE_GROUPS": MERGE_GROUPS, "KD_MERGE_THREADS": MERGE_THREADS,
              "KD_SMEM_LIMIT": jit.SM120_SMEM_LIMIT,
              "KD_QO_T": _CTYPES[self.qo_t], "KD_KVP_T": _CTYPES[self.kvp_t],
@@ -70,6 +71,8 @@ class KernelConfig:
              "kvi": _SHORT[self.kvi_t], "mip": _SHORT[self.mip_t], "pfx": _SHORT[self.pfx_t]}
         if self.nh != 1:
             t["nh"] = self.nh
+        if self.skip:
+            t["skip"] = 1
         if self.mutant:
             t["mut-"] = self.mutant
         return t

@@ -68,6 +68,9 @@ using bf16 = __nv_bfloat16;
 #ifndef KD_NH
 #error "KD_NH (query halves: 1 -> 8 warps, 2 -> 16 warps per block) comes from kdkit/kernel/spec.py"
 #endif
+#ifndef KD_SKIP
+#error "KD_SKIP (1: skip the draft steps no row of a block sees) comes from kdkit/kernel/spec.py"
+#endif
 
 #define KD_D (KD_DL + KD_DR)            // score dims (576)
 #define KD_NQ (8 * KD_NT)               // query rows per block
@@ -113,7 +116,7 @@ using bf16 = __nv_bfloat16;
 #define KD_OFF_ALPHA (KD_OFF_P + KD_NQ * KD_PPITCH * 2)
 #define KD_OFF_TOK (KD_OFF_ALPHA + KD_NQ * 4)
 #define KD_OFF_TAB (KD_OFF_TOK + KD_NQ * 4)
-#define KD_SMEM_BYTES (KD_OFF_TAB + 16 + (KD_SKIP_MAX + 3) * 4)
+#define KD_SMEM_BYTES (KD_OFF_TAB + 16 + (KD_SKIP ? (KD_SKIP_MAX + 3) * 4 : 0))
 #define KD_OPITCH (KD_DL + 4)           // epilogue's O tile pitch (fp32): fragment stores conflict-free
 
 static_assert(KD_SMEM_BYTES <= KD_SMEM_LIMIT, "shared memory per block exceeds sm_120's 99 KB");
@@ -197,7 +200,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   // there (nlin shrinks, no table). Non-causal without a mask: every step.
   int nlin = nsteps_all;  // leading steps streamed in order
   int ncand = 0;          // the steps after them whose visibility the pass checks (mask only)
-  if (mask) {
+  if (KD_SKIP && mask) {
     const int first_draft = max(kv_begin, prefix / KD_BN * KD_BN);  // first step holding a draft column
     const int npre = nsteps_all > 0 ? kd::cdiv(min(first_draft, kv_end) - kv_begin, KD_BN) : 0;
     const int lead = max(npre, 1);
@@ -219,8 +222,14 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   int* sRows = reinterpret_cast<int*>(smem + KD_OFF_TAB);
   int* sTab = sRows + 4;
   if (tid == 0) *sRows = nrows;  // (published by the barriers before the loop)
+#if KD_SKIP
   if (ncand == 0 && tid < 3) sTab[tid] = kv_end;
   auto step_start = [&](int k) -> int { return k < nlin ? kv_begin + k * KD_BN : sTab[k - nlin]; };
+#else
+  // KD_SKIP 0 (the build for shapes with little to skip: its loop costs nothing for the table):
+  // the split's steps in order, up to nlin (a look-ahead start past kv_end loads nothing)
+  auto step_start = [&](int k) -> int { return kv_begin + k * KD_BN; };
+#endif
 
   float* sS = reinterpret_cast<float*>(smem + KD_OFF_S);
   bf16* sP = reinterpret_cast<bf16*>(smem + KD_OFF_P);
@@ -287,7 +296,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
 
   // steps 0..2 as far as they are leading steps (the table is not written yet: its steps are
   // fetched once it is published, below)
-  auto lead_start = [&](int k) { return k < nlin ? kv_begin + k * KD_BN : kv_end; };
+  auto lead_start = [&](int k) { return !KD_SKIP || k < nlin ? kv_begin + k * KD_BN : kv_end; };
   KD_KVI_T idx1 = fetch_index(lead_start(1) + ld_row);  // step 1
   KD_KVI_T idx2 = fetch_index(lead_start(2) + ld_row);  // step 2
   const KD_KVI_T idx0 = fetch_index(lead_start(0) + ld_row);
@@ -444,14 +453,14 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
 #pragma unroll
   for (int j = 0; j < KD_NTH; ++j) vis_live |= warp + KD_WARPS * j < nrows ? 1u << j : 0u;
 
-  // the compacted sequence (the loader follows it too) ends at a start of kv_end; the loop keeps
-  // no step count, a register fewer at the 40-row build's limit
-  for (int it = 0;; ++it) {
+  // KD_SKIP: the compacted sequence (the loader follows it too) ends at a start of kv_end; the loop
+  // keeps no step count, a register fewer at the 40-row build's limit. Else nlin steps in order.
+  for (int it = 0; KD_SKIP || it < nlin; ++it) {
     const int start = step_start(it);
-    if (start >= kv_end) break;  // block-uniform
+    if (KD_SKIP && start >= kv_end) break;  // block-uniform
     const int stage = it & 1;
     const int next = step_start(it + 1);
-    const bool last = next >= kv_end;  // block-uniform
+    const bool last = KD_SKIP ? next >= kv_end : it + 1 == nlin;  // block-uniform
     if (!last) {
       copy_step(stage ^ 1, row_src(next + ld_row, idx1));
       idx1 = idx2;                                           // step it + 2
