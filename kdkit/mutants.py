@@ -63,7 +63,8 @@ REGISTRY: dict[str, Mutant] = {
         {"KD_MUT_SWZ_READ(r)": "(((r) + 1) & 7)"}),
     "skip-pipeline-wait": Mutant(
         "the last KV tile of a split is computed without waiting for its copy: it holds the tile "
-        "before it (acts on splits of >= 2 tiles)",
+        "before it (acts on splits of >= 2 tiles; the kernel's skip build reads the tile it streamed "
+        "before, which is the ring's other slot, Q's rows, where it streams one step)",
         {"KD_MUT_READ_STAGE(stage, last)": "((last) ? (stage) ^ 1 : (stage))"}),
 }
 # name -> what goes wrong: what the torch backend, the trials and the gallery list
