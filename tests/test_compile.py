@@ -247,7 +247,10 @@ def test_launch_model_prefers_what_the_h200_measured():
             (1, 72, 1033, (1, 22), (5, 22)),        # 14.4 vs 17.4
             (1, 72, 8201, (5, 65), (1, 32)),        # 23.3 vs 25.6
             (8, 72, 1033, (5, 7), (1, 3)),          # 24.3 vs 29.3
-            (1, 512, 1088, (5, 9), (1, 4))]:        # 23.0 vs 26.5
+            (1, 512, 1088, (5, 9), (1, 4)),         # 23.0 vs 26.5
+            # the grid's (eager): a partial last wave (3.15 waves) against twice the waves at half the steps
+            (8, 2056, 1281, (5, 1), (5, 2)),        # 300 vs 330
+            (32, 512, 1088, (5, 1), (5, 2))]:       # 255 vs 283
         assert cost(bs, rows, kv, *fast) < cost(bs, rows, kv, *slow)
 
 

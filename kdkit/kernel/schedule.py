@@ -55,6 +55,15 @@ STEP_US = 0.70
 STEP_US_PER_NTILE = 0.27
 BLOCK_US_PER_NTILE = 1.96
 MERGE_US = 5.0
+# The last, partial wave of a launch of more than one wave costs PARTIAL_WAVE + (1 - PARTIAL_WAVE)
+# x its fill of a full wave's time, not all of it. From the H200 grid (benchmarks/results/
+# nvidia-h200-20261201T1814*.json and 181818, eager, each shape's fixed split counts): 416 blocks
+# (3.15 waves) ran in 300 us where 832 (6.3 waves, half the steps each) took 330 at 8 x 1K, q_len
+# 257, and 255 against 283 us at 32 x 1K, q_len 64; with whole waves the model had ranked the
+# second first, 1.10x and 1.11x off. With 0.9 its choice is within 1.021x of the fastest split
+# count measured on every grid shape (an unmeasured choice read off its measured neighbours) and
+# within 1.058x on the sweep, as before; smaller values mis-rank long-KV shapes by up to 1.24x.
+PARTIAL_WAVE = 0.9
 
 
 def modelled_us(bs: int, blocks: int, max_kv_len: int, nt: int, nsplit: int, sm_count: int) -> float:
@@ -65,7 +74,8 @@ def modelled_us(bs: int, blocks: int, max_kv_len: int, nt: int, nsplit: int, sm_
     draft steps none of a block's tokens sees: most of a deep tree's at a short prefix); the mask
     is device data, unknown here, and the longest block (a chain's last tokens) still streams all."""
     steps = cdiv(max(1, cdiv(max_kv_len, BLOCK_N)), nsplit)
-    waves = cdiv(bs * blocks * nsplit, sm_count)
+    full, rest = divmod(bs * blocks * nsplit, sm_count)
+    waves = max(1, full) if rest == 0 or full == 0 else full + PARTIAL_WAVE + (1 - PARTIAL_WAVE) * rest / sm_count
     block = steps * (STEP_US + STEP_US_PER_NTILE * nt) + BLOCK_US_PER_NTILE * nt
     return waves * block + (MERGE_US if nsplit > 1 else 0.0)
 
