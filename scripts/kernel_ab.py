@@ -1,0 +1,174 @@
+"""A/B timing of kdkit's kernel as two or more commits have it, on one GPU, in one command.
+
+Where git is (no GPU needed): each ref's kdkit package, written out under DIR:
+
+    python3 scripts/kernel_ab.py export DIR main my-branch [NAME=REF ...]
+
+On the GPU host (any copy of the tree that holds DIR):
+
+    python3 scripts/kernel_ab.py time DIR [--shapes TEXT] [--rounds 2] [--budget-s 0.3]
+
+Each variant runs in its own process, importing its own kdkit (so its own kernel source, plan and
+JIT cache key), in rounds whose order alternates (a, b, b, a, ...): drift between rounds shows as
+the spread of a variant's times. Graph replay, a 256 MiB L2 flush before each call, the median
+(kdkit.bench.Timer, as `kdkit bench` times), at the plan's own choice of block size and splits.
+Rows go to DIR/times.jsonl (appended); the table at the end gives each variant's fastest and
+slowest time per shape and its ratio to the first variant's (`table DIR` prints it again).
+
+The shapes: `kdkit bench --quick`'s and the deep trees at prefix 21 (q_len 64, 257), or with
+--shapes the grid's shapes whose label contains TEXT (labels read "32x131072 q9 H8").
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+DEEP = [(1, 21, 64, 8), (1, 21, 257, 8)]  # where the per-node Triton decode kernel is fastest
+
+
+def _variant(spec: str) -> tuple[str, str]:
+    """NAME=REF, or REF named after itself (what a directory name cannot hold becomes '-')."""
+    name, ref = spec.split("=", 1) if "=" in spec else (re.sub(r"[^A-Za-z0-9_.-]", "-", spec).lstrip(".-"), spec)
+    if not NAME.match(name):
+        raise SystemExit(f"error: variant name {name!r} (from {spec!r}): use letters, digits, '.', '_', '-'")
+    return name, ref
+
+
+def export(out: Path, specs: list[str], repo: Path = ROOT) -> dict:
+    """Write each ref's kdkit/ to out/NAME/kdkit and out/refs.json; refuse to overwrite a variant."""
+    variants = dict(_variant(s) for s in specs)
+    if len(variants) != len(specs):
+        raise SystemExit("error: two variants share a name; name them NAME=REF")
+    out.mkdir(parents=True, exist_ok=True)
+    refs_path = out / "refs.json"
+    refs = json.loads(refs_path.read_text()) if refs_path.exists() else {}
+    for name, ref in variants.items():
+        if (out / name).exists():
+            raise SystemExit(f"error: {out / name} exists; remove it or choose another name")
+        commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", f"{ref}^{{commit}}"],
+                                capture_output=True, text=True)
+        if commit.returncode:
+            raise SystemExit(f"error: {ref!r} is not a commit of {repo}: {commit.stderr.strip()}")
+        (out / name).mkdir()
+        tar = subprocess.run(["git", "-C", str(repo), "archive", commit.stdout.strip(), "kdkit"],
+                             capture_output=True, check=True).stdout
+        subprocess.run(["tar", "x", "-C", str(out / name)], input=tar, check=True)
+        refs[name] = {"ref": ref, "commit": commit.stdout.strip()}
+    refs_path.write_text(json.dumps(refs, indent=1) + "\n")
+    return refs
+
+
+def shapes(text: str | None) -> list[tuple[int, int, int, int]]:
+    sys.path.insert(0, str(ROOT))
+    from kdkit import bench
+    if text:
+        picked = [s for s in bench.grid() if text in s.label]
+        if not picked:
+            raise SystemExit(f"error: --shapes {text!r} matches no shape; labels look like {bench.grid()[0].label}")
+    else:
+        picked = bench.grid(quick=True)
+    out = [(s.bs, s.prefix, s.q_len, s.heads) for s in picked]
+    return out if text else out + [d for d in DEEP if d not in out]
+
+
+def child(vdir: str, name: str, shapes_json: str, out: str, budget_s: float, rnd: int) -> None:
+    """In a fresh process: import the variant's kdkit, time each shape, append rows."""
+    sys.path.insert(0, vdir)
+    import torch
+    import kdkit
+    from kdkit import kernel
+    from kdkit.backends import cuda
+    from kdkit.bench import Shape, Timer, graph_of, make_case
+    assert Path(kdkit.__file__).resolve().is_relative_to(Path(vdir).resolve()), kdkit.__file__
+    timer = Timer(torch.device("cuda"))
+    with open(out, "a") as f:
+        for bs, prefix, q_len, heads in json.loads(shapes_json):
+            case = make_case(Shape(bs, prefix, q_len, heads))
+            x = cuda.to_device(case)
+            p = cuda.plan_case(case, x)
+            replay = graph_of(lambda: kernel.run(p, x["q"], x["k"], x["v"], x["kv_buffer"]))
+            row = {"variant": name, "round": rnd, "bs": bs, "prefix": prefix, "q_len": q_len, "heads": heads,
+                   "nsplit": p.nsplit, "rows_per_cta": p.rows_per_cta, "module": p.key,
+                   "us": round(timer.us(replay, budget_s=budget_s), 2)}
+            print(json.dumps(row), file=f, flush=True)
+            del x, replay, p
+            torch.cuda.empty_cache()
+
+
+def time_all(d: Path, text: str | None, rounds: int, budget_s: float) -> int:
+    refs = json.loads((d / "refs.json").read_text())
+    names = list(refs)
+    todo = json.dumps(shapes(text))
+    bad = 0
+    for rnd in range(rounds):
+        for name in names if rnd % 2 == 0 else names[::-1]:
+            r = subprocess.run([sys.executable, __file__, "_child", str(d / name), name, todo,
+                                str(d / "times.jsonl"), str(budget_s), str(rnd)])
+            print(f"round {rnd} {name}: exit {r.returncode}", file=sys.stderr, flush=True)
+            bad += r.returncode != 0
+    print(table(d))
+    return 1 if bad else 0
+
+
+def table(d: Path) -> str:
+    refs = json.loads((d / "refs.json").read_text())
+    rows = [json.loads(line) for line in (d / "times.jsonl").read_text().splitlines() if line.strip()]
+    names = [n for n in refs if any(r["variant"] == n for r in rows)]
+    by: dict = {}
+    for r in rows:
+        by.setdefault((r["bs"], r["prefix"], r["q_len"], r["heads"]), {}).setdefault(r["variant"], []).append(r["us"])
+    head = ["shape"] + [f"{n} ({refs[n]['commit'][:7]})" for n in names]
+    lines = [" | ".join(head), " | ".join("---" for _ in head)]
+    for (bs, prefix, q_len, heads), per in by.items():
+        base = min(per[names[0]]) if names[0] in per else None
+        cells = [f"{bs}x{prefix} q{q_len} H{heads}"]
+        for n in names:
+            if n not in per:
+                cells.append("-")
+                continue
+            lo, hi = min(per[n]), max(per[n])
+            ratio = f" x{lo / base:.3f}" if base and n != names[0] else ""
+            cells.append(f"{lo:.2f}-{hi:.2f} us{ratio}")
+        lines.append(" | ".join(cells))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["_child"]:
+        vdir, name, todo, out, budget, rnd = argv[1:]
+        child(vdir, name, todo, out, float(budget), int(rnd))
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    e = sub.add_parser("export", help="write each ref's kdkit/ under DIR (needs git)")
+    e.add_argument("dir", type=Path)
+    e.add_argument("refs", nargs="+", help="REF or NAME=REF; the first is the baseline")
+    t = sub.add_parser("time", help="time every variant under DIR on this GPU")
+    t.add_argument("dir", type=Path)
+    t.add_argument("--shapes", default=None, help="the grid's shapes whose label contains this text")
+    t.add_argument("--rounds", type=int, default=2)
+    t.add_argument("--budget-s", type=float, default=0.3, help="timing budget per shape and variant")
+    p = sub.add_parser("table", help="print the table of DIR/times.jsonl")
+    p.add_argument("dir", type=Path)
+    args = ap.parse_args(argv)
+    if args.cmd == "export":
+        for name, v in export(args.dir, args.refs).items():
+            print(f"{name}: {v['ref']} {v['commit'][:12]}")
+        return 0
+    if not (args.dir / "refs.json").exists():
+        raise SystemExit(f"error: {args.dir}/refs.json not found; run `export` first")
+    if args.cmd == "table":
+        print(table(args.dir))
+        return 0
+    return time_all(args.dir, args.shapes, args.rounds, args.budget_s)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""scripts/kernel_ab.py: exporting commits' kdkit, the shapes it times, its table; the timing
+itself on a GPU."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kdkit import backends, bench
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("kernel_ab", ROOT / "scripts" / "kernel_ab.py")
+ab = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ab)
+
+HAS_GIT = shutil.which("git") is not None and subprocess.run(
+    ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode == 0
+needs_git = pytest.mark.skipif(not HAS_GIT, reason="needs git and this tree's history")
+
+
+@needs_git
+def test_export_writes_each_refs_package(tmp_path):
+    refs = ab.export(tmp_path, ["base=HEAD", "HEAD"])  # (a shallow clone has no HEAD~1)
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert list(refs) == ["base", "HEAD"] and refs["base"]["commit"] == head
+    for name in refs:
+        assert (tmp_path / name / "kdkit" / "kernel" / "cuda" / "mla_tc.cu").is_file()
+        assert not (tmp_path / name / "tests").exists()  # the package only
+    assert json.loads((tmp_path / "refs.json").read_text()) == refs
+    # the committed file, not the working tree's
+    shown = subprocess.run(["git", "-C", str(ROOT), "show", "HEAD:kdkit/kernel/schedule.py"],
+                           capture_output=True, text=True).stdout
+    assert (tmp_path / "base" / "kdkit" / "kernel" / "schedule.py").read_text() == shown
+
+
+@needs_git
+def test_export_refuses_what_would_be_lost_or_wrong(tmp_path):
+    ab.export(tmp_path, ["a=HEAD"])
+    with pytest.raises(SystemExit, match="exists"):
+        ab.export(tmp_path, ["a=HEAD"])  # a variant already written is never overwritten
+    with pytest.raises(SystemExit, match="not a commit"):
+        ab.export(tmp_path, ["b=no-such-ref-anywhere"])
+    with pytest.raises(SystemExit, match="share a name"):
+        ab.export(tmp_path, ["c=HEAD", "c=HEAD"])
+    with pytest.raises(SystemExit, match="variant name"):
+        ab.export(tmp_path, ["../x=HEAD"])
+
+
+def test_variant_names():
+    assert ab._variant("HEAD~1") == ("HEAD-1", "HEAD~1")
+    assert ab._variant("origin/kernel-skip") == ("origin-kernel-skip", "origin/kernel-skip")
+    assert ab._variant("new=abc123") == ("new", "abc123")
+
+
+def test_shapes_are_the_quick_set_and_the_deep_trees():
+    quick = [(s.bs, s.prefix, s.q_len, s.heads) for s in bench.grid(quick=True)]
+    got = ab.shapes(None)
+    assert got[:len(quick)] == quick and set(ab.DEEP) <= set(got)
+    assert ab.shapes("32x131072 q9") == [(32, 131072, 9, 8), (32, 131072, 9, 16)]
+    with pytest.raises(SystemExit, match="matches no shape"):
+        ab.shapes("7x7")
+
+
+def test_table_gives_each_variants_range_and_ratio(tmp_path):
+    (tmp_path / "refs.json").write_text(json.dumps({"main": {"ref": "main", "commit": "a" * 40},
+                                                    "new": {"ref": "x", "commit": "b" * 40}}))
+    rows = [dict(variant=v, bs=1, prefix=21, q_len=9, heads=8, us=us)
+            for v, us in [("main", 8.0), ("new", 6.0), ("new", 6.5), ("main", 8.4)]]
+    (tmp_path / "times.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    lines = ab.table(tmp_path).splitlines()
+    assert lines[0] == "shape | main (aaaaaaa) | new (bbbbbbb)"
+    assert lines[2] == "1x21 q9 H8 | 8.00-8.40 us | 6.00-6.50 us x0.750"
+
+
+@pytest.mark.gpu
+@needs_git
+@pytest.mark.skipif(backends.unavailable("cuda") is not None, reason=backends.unavailable("cuda") or "")
+def test_times_two_variants_on_the_gpu(tmp_path):
+    ab.export(tmp_path, ["a=HEAD", "b=HEAD"])
+    assert ab.time_all(tmp_path, "1x21 q9 H8", rounds=2, budget_s=0.05) == 0
+    rows = [json.loads(line) for line in (tmp_path / "times.jsonl").read_text().splitlines()]
+    assert sorted((r["variant"], r["round"]) for r in rows) == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
+    assert all(r["us"] > 0 and r["module"].startswith("mla_tc-") for r in rows)
