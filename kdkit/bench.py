@@ -16,7 +16,8 @@ mma.sync.m16n8k16 bf16 (kdkit's own microbenchmark, cuda/mma_peak.cu) are measur
 Output: one JSON file per run, benchmarks/results/<gpu>-<date>.json:
 {"gpu", "sms", "copy_gbps", "mma_tflops", "driver", "versions", "date", "rows": [{backend, bs,
 prefix, q_len, heads, nsplit, nsplit_auto, graph, us, gbps, floor_us, roofline_frac,
-speedup_vs_triton, host_us}], "skipped", "complete"}; the file is rewritten after every shape, so
+speedup_vs_triton, host_us, and for cuda the build that ran: module, e.g.
+"mla_tc-nt5-...-skip1-sm_90-<hash>" (block size, warps, step skip)}], "skipped", "complete"}; the file is rewritten after every shape, so
 a run cut short keeps what it measured ("complete": false, and "stopped": why). The grid and the
 --quick subset are the "bench" and "bench-quick" sets of kdkit/shapes.json.
 """
@@ -259,13 +260,13 @@ def _why(e: Exception) -> str:
     return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
 
 
-def _row(backend, shape, us, ceil, nsplit=None, auto=False, graph=False, host_us=None):
+def _row(backend, shape, us, ceil, nsplit=None, auto=False, graph=False, host_us=None, module=None):
     floor = max(shape.nbytes() / ceil["copy_gbps"] / 1e3, shape.flops() / ceil["mma_tflops"] / 1e6)
     return {"backend": backend, "bs": shape.bs, "prefix": shape.prefix, "q_len": shape.q_len,
             "heads": shape.heads, "nsplit": nsplit, "nsplit_auto": auto, "graph": graph,
             "us": round(us, 2), "gbps": round(shape.nbytes() / us / 1e3, 1), "floor_us": round(floor, 3),
             "roofline_frac": round(floor / us, 4), "speedup_vs_triton": None,
-            "host_us": None if host_us is None else round(host_us, 1)}
+            "host_us": None if host_us is None else round(host_us, 1), **({"module": module} if module else {})}
 
 
 def run_grid(shapes, backends=BACKENDS, nsplits=(), graph=True, progress=True, device="cuda",
@@ -302,13 +303,14 @@ def run_grid(shapes, backends=BACKENDS, nsplits=(), graph=True, progress=True, d
                     x = cuda.to_device(case)
                     fn, p = cuda_launcher(case, x)
                     shape_rows.append(_row(b, shape, timer.us(fn), ceil, p.nsplit, auto=True,
-                                           host_us=timer.host_us(fn)))
+                                           host_us=timer.host_us(fn), module=p.key))
                     if graph:
-                        shape_rows.append(_row(b, shape, timer.us(graph_of(fn)), ceil, p.nsplit, True, True))
+                        shape_rows.append(_row(b, shape, timer.us(graph_of(fn)), ceil, p.nsplit, True, True,
+                                               module=p.key))
                     for ns in swept_nsplits(shape, nsplits, auto=p.nsplit):
                         try:  # one split count failing keeps the shape's other rows
                             fn2, p2 = cuda_launcher(case, x, nsplit=ns)
-                            shape_rows.append(_row(b, shape, timer.us(fn2), ceil, p2.nsplit))
+                            shape_rows.append(_row(b, shape, timer.us(fn2), ceil, p2.nsplit, module=p2.key))
                         except Exception as e:
                             skipped[f"cuda {shape.label} nsplit {ns}"] = _why(e)
                     del x

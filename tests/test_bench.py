@@ -310,3 +310,13 @@ def test_a_finished_run_is_one_complete_file(tmp_path, monkeypatch, capsys):
     # another run that starts in the same second must not overwrite this one
     with pytest.raises(FileExistsError):
         bench.save(committed, out)
+
+
+def test_a_cuda_row_names_the_build_that_ran():
+    """Which build a cuda row timed (block size, warps, step skip) is in its module key; the
+    other backends' rows have none."""
+    ceil = {"copy_gbps": 4000.0, "mma_tflops": 600.0}
+    shape = bench.Shape(1, 21, 257)
+    key = "mla_tc-nt1-qoi32-kvpi32-kvii32-mipi64-pfxi64-skip1-sm_90-0123456789ab"
+    assert bench._row("cuda", shape, 25.0, ceil, 1, auto=True, module=key)["module"] == key
+    assert "module" not in bench._row("triton_decode", shape, 17.8, ceil)
