@@ -45,22 +45,25 @@ def export(out: Path, specs: list[str], repo: Path = ROOT) -> dict:
     variants = dict(_variant(s) for s in specs)
     if len(variants) != len(specs):
         raise SystemExit("error: two variants share a name; name them NAME=REF")
-    out.mkdir(parents=True, exist_ok=True)
-    refs_path = out / "refs.json"
-    refs = json.loads(refs_path.read_text()) if refs_path.exists() else {}
-    for name, ref in variants.items():
+    commits = {}
+    for name, ref in variants.items():  # every check before anything is written
         if (out / name).exists():
             raise SystemExit(f"error: {out / name} exists; remove it or choose another name")
         commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", f"{ref}^{{commit}}"],
                                 capture_output=True, text=True)
         if commit.returncode:
             raise SystemExit(f"error: {ref!r} is not a commit of {repo}: {commit.stderr.strip()}")
+        commits[name] = commit.stdout.strip()
+    out.mkdir(parents=True, exist_ok=True)
+    refs_path = out / "refs.json"
+    refs = json.loads(refs_path.read_text()) if refs_path.exists() else {}
+    for name, ref in variants.items():
         (out / name).mkdir()
-        tar = subprocess.run(["git", "-C", str(repo), "archive", commit.stdout.strip(), "kdkit"],
+        tar = subprocess.run(["git", "-C", str(repo), "archive", commits[name], "kdkit"],
                              capture_output=True, check=True).stdout
         subprocess.run(["tar", "x", "-C", str(out / name)], input=tar, check=True)
-        refs[name] = {"ref": ref, "commit": commit.stdout.strip()}
-    refs_path.write_text(json.dumps(refs, indent=1) + "\n")
+        refs[name] = {"ref": ref, "commit": commits[name]}
+        refs_path.write_text(json.dumps(refs, indent=1) + "\n")
     return refs
 
 
@@ -118,8 +121,11 @@ def time_all(d: Path, text: str | None, rounds: int, budget_s: float) -> int:
 
 def table(d: Path) -> str:
     refs = json.loads((d / "refs.json").read_text())
-    rows = [json.loads(line) for line in (d / "times.jsonl").read_text().splitlines() if line.strip()]
-    names = [n for n in refs if any(r["variant"] == n for r in rows)]
+    path = d / "times.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    if not rows:
+        return f"{path}: no rows (every variant failed before its first shape: see its exit status above)"
+    names = list(refs)  # the first exported is the baseline of every ratio, measured or not
     by: dict = {}
     for r in rows:
         by.setdefault((r["bs"], r["prefix"], r["q_len"], r["heads"]), {}).setdefault(r["variant"], []).append(r["us"])

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kdkit import backends, bench, compare, kernel, oracle, shapes, synth
+from kdkit import backends, bench, compare, kernel, oracle, shapes, synth, trees
 from kdkit.case import load
 from kdkit.kernel import spec
 from kdkit.layout import to_layout
@@ -225,6 +225,30 @@ def test_matches_triton_rule():
         prod, _ = _metrics(case, backends.run("triton_sglang", case))
         v = _judge(case, cuda.run(case), production=prod)
         assert v.passed, v.reasons
+
+
+# ---- the mask decides under causal=True ----------------------------------------------------
+def _reversed_chain_case(q_len, layout):
+    """causal=True (as SGLang passes it) with a chain numbered children first: root 0, then depth
+    q_len - 1 at index 1 ... depth 1 at q_len - 1; row i >= 1 sees draft columns 0 and i..q_len-1,
+    all after itself. Legal input (lint: tree-order), which a split ended at the block's last token
+    by the causal rule would get wrong."""
+    parents = [-1] + list(range(2, q_len)) + [0]
+    case = synth.make_case(prefix=40, q_len=q_len, heads=8, tree="chain", layout="sglang", seed=35)
+    n, p = q_len, 40
+    full = case.custom_mask[: n * (p + n)].view(n, p + n)
+    full[:, p:] = torch.from_numpy(trees.tree_block(parents)).to(full.dtype)
+    assert case.causal
+    return to_layout(case, layout)
+
+
+@pytest.mark.parametrize("layout", ["sglang", "unified"])
+@pytest.mark.parametrize("q_len", [9, 20, 65])
+def test_mask_decides_under_causal(q_len, layout):
+    case = _reversed_chain_case(q_len, layout)
+    runs = [(f"skip {skip}, nt {nt}, nsplit {ns}", cuda.run(case, skip=skip, nt=nt, nsplit=ns))
+            for skip in (False, True) for nt in (1, 5) for ns in (None, 1)]
+    _judge_each(case, runs)
 
 
 # ---- deep trees at a short prefix: the KV steps no row of a block sees are skipped ----------

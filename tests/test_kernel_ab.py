@@ -43,7 +43,8 @@ def test_export_refuses_what_would_be_lost_or_wrong(tmp_path):
     with pytest.raises(SystemExit, match="exists"):
         ab.export(tmp_path, ["a=HEAD"])  # a variant already written is never overwritten
     with pytest.raises(SystemExit, match="not a commit"):
-        ab.export(tmp_path, ["b=no-such-ref-anywhere"])
+        ab.export(tmp_path, ["b=HEAD", "d=no-such-ref-anywhere"])
+    assert not (tmp_path / "b").exists()  # nothing written when one ref is bad
     with pytest.raises(SystemExit, match="share a name"):
         ab.export(tmp_path, ["c=HEAD", "c=HEAD"])
     with pytest.raises(SystemExit, match="variant name"):
@@ -74,6 +75,14 @@ def test_table_gives_each_variants_range_and_ratio(tmp_path):
     lines = ab.table(tmp_path).splitlines()
     assert lines[0] == "shape | main (aaaaaaa) | new (bbbbbbb)"
     assert lines[2] == "1x21 q9 H8 | 8.00-8.40 us | 6.00-6.50 us x0.750"
+    # a shape the baseline lacks: no ratio against another variant
+    (tmp_path / "times.jsonl").write_text(json.dumps(dict(variant="new", bs=1, prefix=21, q_len=9, heads=8, us=6.0)))
+    assert ab.table(tmp_path).splitlines()[2] == "1x21 q9 H8 | - | 6.00-6.00 us"
+
+
+def test_table_without_rows_says_so(tmp_path):
+    (tmp_path / "refs.json").write_text(json.dumps({"main": {"ref": "main", "commit": "a" * 40}}))
+    assert "no rows" in ab.table(tmp_path)
 
 
 @pytest.mark.gpu

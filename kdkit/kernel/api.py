@@ -140,7 +140,8 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
                mip_t=mask_indptr.dtype if mask_indptr is not None else torch.int64)
     try:
         if skip is None:
-            skip = schedule.choose_skip(int(max_q_len), sizes["max_kv_len"], custom_mask is not None)
+            # (the longest request's draft, not the grid's max_q_len, which defaults to all T tokens)
+            skip = schedule.choose_skip(sizes["max_q_len"], sizes["max_kv_len"], custom_mask is not None)
         cfg = spec.KernelConfig(nt=nt, mutant=mutant, nh=nh, skip=bool(skip), **idx)
     except (KeyError, ValueError) as e:
         raise InputError(f"field 'mutant': {e}") from None

@@ -69,8 +69,9 @@ PARTIAL_WAVE = 0.9
 def modelled_us(bs: int, blocks: int, max_kv_len: int, nt: int, nsplit: int, sm_count: int) -> float:
     """The modelled time of a launch of the 8-warp builds: blocks run one per SM (~80-100 KB of
     shared memory and up to 255 registers x 256 threads on sm_120), so a launch takes
-    ceil(blocks / SMs) waves of its longest block, which streams ceil(steps / nsplit) KV steps and
-    does its fixed work. That is an upper bound where a block skips steps (the kernel skips the
+    ceil(blocks / SMs) waves (a partial last one of several at PARTIAL_WAVE + the rest x its
+    fill) of its longest block, which streams ceil(steps / nsplit) KV steps and does its fixed
+    work. That is an upper bound where a block skips steps (the kernel skips the
     draft steps none of a block's tokens sees: most of a deep tree's at a short prefix); the mask
     is device data, unknown here, and the longest block (a chain's last tokens) still streams all."""
     steps = cdiv(max(1, cdiv(max_kv_len, BLOCK_N)), nsplit)
@@ -110,9 +111,10 @@ def choose(bs: int, rows: int, max_kv_len: int, sm_count: int, total_rows: int,
 # The skip build (spec.KernelConfig.skip) streams only the draft steps that some row of a block
 # sees. It pays for that with a pass over the block's mask rows before its first tile (one or two
 # memory latencies on the way in) and a step table in its loop. Measured on the H200 (graph
-# replay, H 8, ddtree, 2026-12-01; the same kernel built both ways): 1 x 21 at q_len 257 took
-# 24.0 us against 37.2, but every q_len 9 shape was 2-7% slower (1 x 1K 15.8 against 14.7 us,
-# 1 x 32K 45.7 against 43.1, 1 x 128K 130 against 122) and 1 x 21 at q_len 64 1.6% slower. So the
+# replay, H 8, ddtree, 2026-12-01: benchmarks/ab/nvidia-h200-20261201-skip-ilp.jsonl, the kernel
+# of ffb51f3 against the same with the skip in every build): 1 x 21 at q_len 257 took 24.0 us
+# against 37.2, but every q_len 9 shape was 2-7% slower (1 x 1K 15.8 against 14.7 us, 1 x 32K
+# 45.7 against 43.1, 1 x 128K 130 against 122) and 1 x 21 at q_len 64 1.6% slower. So the
 # plan takes it only where the draft is most of the KV: a mask, at least 3 draft steps, and at
 # least half of the longest request's steps draft.
 SKIP_MIN_DRAFT_STEPS = 3

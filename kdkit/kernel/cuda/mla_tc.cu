@@ -208,7 +208,8 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
       nlin = lead;
       ncand = nsteps_all - lead;
     }
-  } else if (p.causal) {
+  } else if (!mask && p.causal) {  // (with a mask the mask decides, in either build: SGLang passes
+    // causal with it, and a mask need not number parents before children)
     const int last = min(kv_end, prefix + i1 + 1);  // one past the last column that token i1 sees
     nlin = kv_begin < last ? kd::cdiv(last - kv_begin, KD_BN) : 0;  // 0: an empty split (LSE -inf)
   }
