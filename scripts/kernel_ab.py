@@ -15,7 +15,7 @@ the spread of a variant's times. Graph replay, a 256 MiB L2 flush before each ca
 Rows go to DIR/times.jsonl (appended); the table at the end gives each variant's fastest and
 slowest time per shape and its ratio to the first variant's (`table DIR` prints it again).
 
-The shapes: `kdkit bench --quick`'s and the deep trees at prefix 21 (q_len 64, 257), or with
+The shapes: `kdkit bench --quick`'s and the deep trees at prefix 21 (q_len 64, 257; DEEP), or with
 --shapes the grid's shapes whose label contains TEXT (labels read "32x131072 q9 H8").
 """
 from __future__ import annotations
@@ -29,7 +29,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-DEEP = [(1, 21, 64, 8), (1, 21, 257, 8)]  # where the per-node Triton decode kernel is fastest
+# the grid's shapes where the per-node Triton decode kernel is as fast or faster (2026-12-01)
+DEEP = [(1, 21, 64, 8), (1, 21, 64, 16), (1, 21, 257, 8), (1, 21, 257, 16), (8, 21, 257, 16)]
 
 
 def _variant(spec: str) -> tuple[str, str]:
