@@ -513,21 +513,23 @@ def cmd_compile(args) -> int:
         return EXIT_PROBLEM
     # every block size the planner may choose (schedule.choose picks by shape: q_len 9 x H 8 =
     # 72 rows takes 40 rows per block at long KV, the build nearest sm_120's shared-memory limit,
-    # and 8 at short KV), or the one --rows names
+    # and 8 at short KV), or the one --rows names; each without and with the step skip
+    # (schedule.choose_skip: deep trees at a short prefix), which adds its table
     nts = [args.rows // 8] if args.rows else list(NT_CHOICES)
     worst = EXIT_OK
     for arch in archs:
         for nt in nts:
-            try:
-                rep = compile_report(arch, KernelConfig(nt=nt, mutant=args.mutant))
-            except jit.BuildError as e:
-                _err(str(e))
-                worst = EXIT_PROBLEM
-                continue
-            print(f"{arch}, {8 * nt} rows per block (KD_NT={nt}):")
-            print(rep.table())
-            if rep.breaches():
-                worst = EXIT_PROBLEM
+            for skip in (False, True):
+                try:
+                    rep = compile_report(arch, KernelConfig(nt=nt, mutant=args.mutant, skip=skip))
+                except jit.BuildError as e:
+                    _err(str(e))
+                    worst = EXIT_PROBLEM
+                    continue
+                print(f"{arch}, {8 * nt} rows per block (KD_NT={nt}){', step skip (KD_SKIP=1)' if skip else ''}:")
+                print(rep.table())
+                if rep.breaches():
+                    worst = EXIT_PROBLEM
     return worst
 
 

@@ -170,14 +170,15 @@ def test_cli_compile(capsys):
     out = capsys.readouterr().out
     assert vk.PARTIAL in out and "fits sm_120 limits: yes" in out and "sm_90" in out
     # by default every block size the planner may choose, the 40-row build (q_len 9 x H 8's, the
-    # nearest sm_120's limit) included, for each arch
+    # nearest sm_120's limit) included, each without and with the step skip, for each arch
     for arch in ("sm_120", "sm_90"):
         for nt in vk.NT_CHOICES:
             assert f"{arch}, {8 * nt} rows per block (KD_NT={nt}):\n{arch}  mla_tc-nt{nt}-" in out
-    assert out.count("fits sm_120 limits: yes") == 2 * len(vk.NT_CHOICES)
+            assert f"{arch}, {8 * nt} rows per block (KD_NT={nt}), step skip (KD_SKIP=1):\n{arch}  mla_tc-nt{nt}-" in out
+    assert out.count("fits sm_120 limits: yes") == 2 * 2 * len(vk.NT_CHOICES)
     assert main(["compile", "--arch", "sm_120", "--rows", "40"]) == 0
     out = capsys.readouterr().out
-    assert out.count("rows per block") == 1 and "40 rows per block (KD_NT=5)" in out
+    assert out.count("rows per block") == 2 and "40 rows per block (KD_NT=5)" in out
     assert main(["compile", "--arch", "sm_120", "--mutant", "no-scale"]) == 0
     assert "-mut-no-scale-" in capsys.readouterr().out
     assert main(["compile", "--arch", "gfx90a"]) == 2
@@ -282,3 +283,4 @@ def test_params_pack_roundtrip():
     with pytest.raises(KeyError):
         params.pack(not_a_field=1)
     assert set(params.PER_LAYER) <= set(a.dtype.names)
+
