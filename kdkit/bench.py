@@ -17,8 +17,8 @@ Output: one JSON file per run, benchmarks/results/<gpu>-<date>.json:
 {"gpu", "sms", "copy_gbps", "mma_tflops", "driver", "versions", "date", "rows": [{backend, bs,
 prefix, q_len, heads, nsplit, nsplit_auto, graph, us, gbps, floor_us, roofline_frac,
 speedup_vs_triton, host_us, and for cuda the build that ran: module, e.g.
-"mla_tc-nt5-...-skip1-sm_90-<hash>" (block size, warps, step skip)}], "skipped", "complete"}; the file is rewritten after every shape, so
-a run cut short keeps what it measured ("complete": false, and "stopped": why). The grid and the
+"mla_tc-nt5-...-skip1-sm_90-<hash>" (block size, warps, step skip)}], "skipped", "complete"};
+the file is rewritten after every shape, so a run cut short keeps what it measured ("complete": false, and "stopped": why). The grid and the
 --quick subset are the "bench" and "bench-quick" sets of kdkit/shapes.json.
 """
 from __future__ import annotations

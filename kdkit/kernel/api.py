@@ -138,10 +138,10 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
     idx = dict(qo_t=qo_indptr.dtype, kvp_t=kv_indptr.dtype, kvi_t=kv_indices.dtype,
                pfx_t=prefix_lens.dtype if prefix_lens is not None else torch.int64,
                mip_t=mask_indptr.dtype if mask_indptr is not None else torch.int64)
+    if skip is None:
+        # (the longest request's draft, not the grid's max_q_len, which defaults to all T tokens)
+        skip = schedule.choose_skip(sizes["max_q_len"], sizes["max_kv_len"], custom_mask is not None)
     try:
-        if skip is None:
-            # (the longest request's draft, not the grid's max_q_len, which defaults to all T tokens)
-            skip = schedule.choose_skip(sizes["max_q_len"], sizes["max_kv_len"], custom_mask is not None)
         cfg = spec.KernelConfig(nt=nt, mutant=mutant, nh=nh, skip=bool(skip), **idx)
     except (KeyError, ValueError) as e:
         raise InputError(f"field 'mutant': {e}") from None

@@ -71,9 +71,9 @@ def modelled_us(bs: int, blocks: int, max_kv_len: int, nt: int, nsplit: int, sm_
     shared memory and up to 255 registers x 256 threads on sm_120), so a launch takes
     ceil(blocks / SMs) waves (a partial last one of several at PARTIAL_WAVE + the rest x its
     fill) of its longest block, which streams ceil(steps / nsplit) KV steps and does its fixed
-    work. That is an upper bound where a block skips steps (the kernel skips the
-    draft steps none of a block's tokens sees: most of a deep tree's at a short prefix); the mask
-    is device data, unknown here, and the longest block (a chain's last tokens) still streams all."""
+    work. That is an upper bound where a block skips steps (the skip build skips the draft steps
+    none of a block's tokens sees: most of a deep tree's at a short prefix); the mask is device
+    data, unknown here, and the longest block (a chain's last tokens) still streams all."""
     steps = cdiv(max(1, cdiv(max_kv_len, BLOCK_N)), nsplit)
     full, rest = divmod(bs * blocks * nsplit, sm_count)
     waves = max(1, full) if rest == 0 or full == 0 else full + PARTIAL_WAVE + (1 - PARTIAL_WAVE) * rest / sm_count
