@@ -77,9 +77,29 @@ def test_skip_builds_fit():
         assert rep.breaches() == [], (mutant, rep.table())
 
 
+def test_gather_builds_fit():
+    """The column gather up to spec.GATHER_MAX_NT n-tiles, 8 and 16 warps, and its mutants: sm_120's
+    limits, no spills (sm_90 too); more n-tiles are refused with the field named."""
+    for arch in ("sm_120", "sm_90"):
+        for nt in range(1, vk.GATHER_MAX_NT + 1):
+            for nh in (1, 2) if nt >= 2 else (1,):
+                rep = vk.compile_report(arch, vk.KernelConfig(nt=nt, nh=nh, skip="gather"))
+                assert rep.breaches() == [], rep.table()
+                assert "-skipgather-" in rep.key
+    for mutant in sorted(mutants.MUTANTS):
+        rep = vk.compile_report("sm_120", vk.KernelConfig(nt=vk.GATHER_MAX_NT, skip="gather", mutant=mutant))
+        assert rep.breaches() == [], (mutant, rep.table())
+    with pytest.raises(ValueError, match="skip='gather' with nt=4"):
+        vk.KernelConfig(nt=4, skip="gather")
+    with pytest.raises(ValueError, match="skip='cols'"):
+        vk.KernelConfig(skip="cols")
+
+
 def test_choose_skip():
     """The skip build only where the draft is most of the KV (schedule.choose_skip's measurements)."""
-    assert schedule.choose_skip(257, 21 + 257, True)          # 1 x 21, q_len 257: 9 draft steps of 9
+    assert schedule.choose_skip(257, 21 + 257, True) == "gather"  # 1 x 21, q_len 257: 9 draft steps of 9
+    assert schedule.choose_skip(257, 21 + 257, True, nt=5) is True  # the column list does not fit at 40 rows
+    assert schedule.choose_skip(257, 21 + 257, True, nt=3, nh=2) is True
     assert schedule.choose_skip(1025, 1000 + 1025, True)
     assert not schedule.choose_skip(257, 21 + 257, False)     # no mask: nothing to skip beyond causal
     assert not schedule.choose_skip(64, 21 + 64, True)        # 2 draft steps: measured slower

@@ -247,7 +247,8 @@ def _reversed_chain_case(q_len, layout):
 def test_mask_decides_under_causal(q_len, layout):
     case = _reversed_chain_case(q_len, layout)
     runs = [(f"skip {skip}, nt {nt}, nsplit {ns}", cuda.run(case, skip=skip, nt=nt, nsplit=ns))
-            for skip in (False, True) for nt in (1, 5) for ns in (None, 1)]
+            for skip, nt in ((False, 1), (False, 5), (True, 1), (True, 5), ("gather", 1), ("gather", 3))
+            for ns in (None, 1)]
     _judge_each(case, runs)
 
 
@@ -272,8 +273,11 @@ def _deep_case(prefix, q_len, heads, tree, layout, seed):
 
 
 def _deep_runs(case, nsplits, nh2=True):
-    """The skip build at each split count (and with 16 warps), and the plan's own choice."""
+    """The skip build at each split count (and with 16 warps), the gather build at 8 and 24 rows
+    per block, and the plan's own choice."""
     runs = [(f"skip, nsplit {ns}", cuda.run(case, nsplit=ns, skip=True)) for ns in nsplits]
+    runs += [(f"gather, nt {nt}, nsplit {ns}", cuda.run(case, nsplit=ns, nt=nt, skip="gather"))
+             for nt in (1, 3) for ns in nsplits]
     runs.append(("the plan's choice", cuda.run(case)))
     if nh2:
         runs.append(("skip, 16 warps", cuda.run(case, nh=2, skip=True)))
@@ -291,8 +295,8 @@ def test_deep_tree_q257(prefix, tree, heads, layout):
     splits, splits the causal rule empties), 16 warps."""
     case = _deep_case(prefix, 257, heads, tree, layout, seed=31)
     runs = _deep_runs(case, (None, 1, 3, 8))
-    if prefix == 21 and tree in ("ddtree", "chain"):  # 9 draft steps of 9: the plan takes the skip build
-        assert "skip1" in runs[-2][1].ran  # (the last run is the 16-warp one)
+    if prefix == 21 and tree in ("ddtree", "chain"):  # 9 draft steps of 9: the plan takes a skip build
+        assert "-skip" in runs[-2][1].ran  # (the last run is the 16-warp one)
     _judge_each(case, runs)
 
 
@@ -347,26 +351,28 @@ def test_skipped_steps_are_not_read(prefix, tree, layout):
     assert first_col > 4
     poisoned = _poison_draft(clean, first_col)
     runs = []
-    for nt in (1, 5):
+    for skip, nt in ((True, 1), (True, 5), ("gather", 1), ("gather", 3)):
         for nsplit in (1, 3) if tree == "causal" else (1,):
-            a = cuda.run(clean, nt=nt, nsplit=nsplit, skip=True)
-            b = cuda.run(poisoned, nt=nt, nsplit=nsplit, skip=True)
+            a = cuda.run(clean, nt=nt, nsplit=nsplit, skip=skip)
+            b = cuda.run(poisoned, nt=nt, nsplit=nsplit, skip=skip)
             assert torch.isnan(b.out.float()).any(), "the poison reaches the tokens that see it"
             assert torch.equal(a.out[:5], b.out[:5]) and torch.equal(a.lse[:5], b.lse[:5]), \
-                f"nt {nt}, nsplit {nsplit}: tokens 0..4 read a skipped step ({b.ran})"
-            runs.append((f"nt {nt} nsplit {nsplit}", a))
+                f"skip {skip}, nt {nt}, nsplit {nsplit}: tokens 0..4 read a skipped step ({b.ran})"
+            runs.append((f"skip {skip}, nt {nt} nsplit {nsplit}", a))
     _judge_each(clean, runs)
 
 
+@pytest.mark.parametrize("skip", [True, "gather"])
 @pytest.mark.parametrize("layout", ["sglang", "unified"])
 @pytest.mark.parametrize("mutant", sorted(kernel.MUTANTS))
-def test_mutants_fail_on_a_deep_tree(mutant, layout):
+def test_mutants_fail_on_a_deep_tree(mutant, layout, skip):
     """Where the skip table is in use (q_len 129 and 65 at prefix 21 and 300): the mask mutants
     misread the mask in the visibility pass as in the scores, so every mutant still fails."""
     case = to_layout(synth.make_case(bs=2, prefix=[21, 300], q_len=[129, 65], heads=8, tree="ddtree",
                                      seed=8), layout)
-    assert _judge(case, cuda.run(case, nsplit=3, skip=True)).passed
-    v = _judge(case, cuda.run(case, nsplit=3, mutant=mutant, skip=True))
+    nt = 3 if skip == "gather" else None
+    assert _judge(case, cuda.run(case, nsplit=3, skip=skip, nt=nt)).passed
+    v = _judge(case, cuda.run(case, nsplit=3, mutant=mutant, skip=skip, nt=nt))
     assert not v.passed, f"mutant {mutant} passed the check: the checker is broken"
 
 
@@ -374,13 +380,14 @@ def test_mutants_fail_on_a_deep_tree(mutant, layout):
 def test_skip_builds_agree(nt):
     """The skip build (which the plan takes only for deep trees at a short prefix) on the
     partial-n-tile shape and every bundled case: causal, ragged, no mask, long prefix."""
-    case = _named("block-sizes")
-    v = _judge(case, cuda.run(case, nt=nt, skip=True))
-    assert v.passed, v.reasons
-    for name in ["seed-shape.pt", "ragged-bs4.pt", "ddtree-b64.pt", "long-prefix-8k.pt"]:
-        case = load(DATA / name)
-        v = _judge(case, cuda.run(case, nt=nt, skip=True))
-        assert v.passed, (name, v.reasons)
+    for skip in (True, "gather") if nt <= spec.GATHER_MAX_NT else (True,):
+        case = _named("block-sizes")
+        v = _judge(case, cuda.run(case, nt=nt, skip=skip))
+        assert v.passed, (skip, v.reasons)
+        for name in ["seed-shape.pt", "ragged-bs4.pt", "ddtree-b64.pt", "long-prefix-8k.pt"]:
+            case = load(DATA / name)
+            v = _judge(case, cuda.run(case, nt=nt, skip=skip))
+            assert v.passed, (skip, name, v.reasons)
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -388,6 +395,8 @@ def test_skip_sweep(seed):
     case = synth.random_case(seed)
     v = _judge(case, cuda.run(case, skip=True))
     assert v.passed, f"{case.summary()}: {v.reasons}"
+    v = _judge(case, cuda.run(case, skip="gather", nt=1 + seed % spec.GATHER_MAX_NT))
+    assert v.passed, f"{case.summary()} (gather): {v.reasons}"
 
 
 # ---- sm_scale, kdkit bench's shapes and its Triton decode baseline --------------------------

@@ -97,7 +97,7 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
     `max_kv_len`, default: the longest request now).
 
     skip (None: schedule.choose_skip) builds the kernel that streams only the draft steps some
-    row of a block sees (a mask's tree ancestry).
+    row of a block sees (a mask's tree ancestry); "gather": only their visible columns.
 
     check=True reads the index arrays once and refuses bad contents; check=False with num_tokens,
     max_q_len and max_kv_len given reads nothing from the device (planning inside graph capture)."""
@@ -128,6 +128,7 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
     require(nt is None or nt in spec.NT_CHOICES, "nt", f"{nt}: choose one of {spec.NT_CHOICES}")
     require(nh is None or nh in spec.NH_CHOICES, "nh", f"{nh}: choose one of {spec.NH_CHOICES} (2: 16 warps per block)")
     nh = 1 if nh is None else int(nh)
+    nt_asked = nt
     if nh == 2 and nt is None:  # 16 warps: the fewest blocks per request, at least one n-tile per half
         nt = max(2, schedule.choose_nt(rows))
     require(nt is None or nt >= nh, "nt", f"{nt} with nh={nh}: each query half needs an n-tile")
@@ -140,9 +141,22 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
                mip_t=mask_indptr.dtype if mask_indptr is not None else torch.int64)
     if skip is None:
         # (the longest request's draft, not the grid's max_q_len, which defaults to all T tokens)
-        skip = schedule.choose_skip(sizes["max_q_len"], sizes["max_kv_len"], custom_mask is not None)
+        skip = schedule.choose_skip(sizes["max_q_len"], sizes["max_kv_len"], custom_mask is not None, nt, nh)
+        if skip is True and nt_asked is None and nh == 1:
+            # a deep tree at a short prefix: the column gather, at the block size (up to
+            # GATHER_MAX_NT n-tiles) the launch model ranks first (NOT yet measured against the
+            # step skip at the larger block)
+            options = [schedule.choose(sizes["bs"], rows, sizes["max_kv_len"], sm_count, total_rows, nt=t,
+                                       nsplit=None if nsplit is None else int(nsplit))
+                       for t in range(1, spec.GATHER_MAX_NT + 1)]
+            nt, ns = min(options, key=lambda o: (schedule.modelled_us(
+                sizes["bs"], schedule.blocks_per_request(rows, o[0]), sizes["max_kv_len"], o[0], o[1], sm_count), -o[0]))
+            skip = "gather"
+    require(skip in spec.SKIP_CHOICES, "skip", f"{skip!r}: choose one of {spec.SKIP_CHOICES} (None: the plan's)")
+    require(skip != "gather" or nt <= spec.GATHER_MAX_NT, "skip",
+            f"'gather' with nt={nt}: the column list fits up to nt={spec.GATHER_MAX_NT} (skip=True at {nt})")
     try:
-        cfg = spec.KernelConfig(nt=nt, mutant=mutant, nh=nh, skip=bool(skip), **idx)
+        cfg = spec.KernelConfig(nt=nt, mutant=mutant, nh=nh, skip=skip, **idx)
     except (KeyError, ValueError) as e:
         raise InputError(f"field 'mutant': {e}") from None
     rpc = schedule.rows_per_block(rows, nt)

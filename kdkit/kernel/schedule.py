@@ -2,7 +2,7 @@
 and the SM count alone (no timing at plan time, so graph replay makes the same choice)."""
 from __future__ import annotations
 
-from .spec import DL, MAX_SPLITS, MERGE_GROUPS, MERGE_THREADS, NT_CHOICES
+from .spec import DL, GATHER_MAX_NT, MAX_SPLITS, MERGE_GROUPS, MERGE_THREADS, NT_CHOICES
 
 BLOCK_N = 32            # KV rows per pipeline step (kd_meta_block_n; checked against the build)
 WORKSPACE_LIMIT = 512 << 20  # fp32 partials beyond this are not worth the merge: fewer splits
@@ -120,9 +120,13 @@ def choose(bs: int, rows: int, max_kv_len: int, sm_count: int, total_rows: int,
 SKIP_MIN_DRAFT_STEPS = 3
 
 
-def choose_skip(max_q_len: int, max_kv_len: int, masked: bool) -> bool:
+def choose_skip(max_q_len: int, max_kv_len: int, masked: bool, nt: int = 1, nh: int = 1) -> bool | str:
+    """False, True (the step skip) or "gather" (the visible columns, packed: up to
+    spec.GATHER_MAX_NT n-tiles at 8 warps; NOT yet measured against the step skip)."""
     draft = cdiv(max_q_len, BLOCK_N)
-    return masked and draft >= SKIP_MIN_DRAFT_STEPS and 2 * draft >= cdiv(max_kv_len, BLOCK_N)
+    if not (masked and draft >= SKIP_MIN_DRAFT_STEPS and 2 * draft >= cdiv(max_kv_len, BLOCK_N)):
+        return False
+    return "gather" if nt <= GATHER_MAX_NT and nh == 1 else True
 
 
 THREADS_PER_SM = 2048  # resident threads per SM on sm_80..sm_120

@@ -25,6 +25,8 @@ MIN_ARCH = 80                 # mma.sync bf16 m16n8k16, ldmatrix and cp.async al
 MAX_SPLITS = 256             # KV splits per request at most: the merge kernel's weight table
 NT_CHOICES = (1, 2, 3, 4, 5)  # query n-tiles of 8 rows per block; 5 is the most that fits 99 KB
 DEFAULT_NT = 4
+SKIP_CHOICES = (False, True, "gather")  # the step skip: none, whole steps, visible columns
+GATHER_MAX_NT = 3             # the gather's column list (8.7 KB) fits beside the 24-row block, not the 32-row
 NH_CHOICES = (1, 2)           # query halves: 1 -> 8 warps per block, 2 -> 16 warps (nt >= 2, <= 128 registers;
                               # slower on the H200, see schedule.py: a choice to measure on other GPUs)
 DL, DR = KV_LORA_RANK, QK_ROPE_HEAD_DIM  # latent (= value) dims and rope dims of an MLA KV row
@@ -37,7 +39,8 @@ class KernelConfig:
     nt: int = DEFAULT_NT      # query rows per block = 8 * nt
     mutant: str | None = None
     nh: int = 1               # 16 warps per block when 2 (each QK/softmax/PV warp takes half the work)
-    skip: bool = False        # stream only the draft steps some row of a block sees (schedule.choose_skip)
+    skip: bool | str = False  # stream only the draft steps some row of a block sees (schedule.choose_skip);
+                              # "gather": only their visible columns, packed into tiles (nt <= 3)
     qo_t: torch.dtype = torch.int32
     kvp_t: torch.dtype = torch.int32
     kvi_t: torch.dtype = torch.int32
@@ -50,6 +53,11 @@ class KernelConfig:
         if self.nh not in NH_CHOICES or self.nt < self.nh:
             raise ValueError(f"nh={self.nh}: choose one of {NH_CHOICES}, at most nt={self.nt} (each query "
                              "half holds an n-tile)")
+        if self.skip not in SKIP_CHOICES:
+            raise ValueError(f"skip={self.skip!r}: choose one of {SKIP_CHOICES}")
+        if self.skip == "gather" and self.nt > GATHER_MAX_NT:
+            raise ValueError(f"skip='gather' with nt={self.nt}: the column list fits in shared memory up to "
+                             f"nt={GATHER_MAX_NT} (use skip=True, the step skip, at {self.nt} n-tiles)")
         mutants.defines(self.mutant)  # raises on an unknown name
 
     @property
@@ -57,7 +65,7 @@ class KernelConfig:
         return 8 * self.nt
 
     def defines(self) -> dict:
-        d = {"KD_DL": DL, "KD_DR": DR, "KD_NT": self.nt, "KD_NH": self.nh, "KD_SKIP": int(self.skip), "KD_MAX_SPLITS": MAX_SPLITS,
+        d = {"KD_DL": DL, "KD_DR": DR, "KD_NT": self.nt, "KD_NH": self.nh, "KD_SKIP": 2 if self.skip == "gather" else int(bool(self.skip)), "KD_MAX_SPLITS": MAX_SPLITS,
              "KD_MERGE_GROUPS": MERGE_GROUPS, "KD_MERGE_THREADS": MERGE_THREADS,
              "KD_SMEM_LIMIT": jit.SM120_SMEM_LIMIT,
              "KD_QO_T": _CTYPES[self.qo_t], "KD_KVP_T": _CTYPES[self.kvp_t],
@@ -72,7 +80,7 @@ class KernelConfig:
         if self.nh != 1:
             t["nh"] = self.nh
         if self.skip:
-            t["skip"] = 1
+            t["skip"] = "gather" if self.skip == "gather" else 1
         if self.mutant:
             t["mut-"] = self.mutant
         return t

@@ -69,8 +69,11 @@ using bf16 = __nv_bfloat16;
 #error "KD_NH (query halves: 1 -> 8 warps, 2 -> 16 warps per block) comes from kdkit/kernel/spec.py"
 #endif
 #ifndef KD_SKIP
-#error "KD_SKIP (1: skip the draft steps no row of a block sees) comes from kdkit/kernel/spec.py"
+#error "KD_SKIP (1: skip the draft steps no row of a block sees; 2: gather its visible columns) comes from kdkit/kernel/spec.py"
 #endif
+// KD_SKIP 2, the column gather: of the split's draft steps the block streams only the columns
+// that some row of it sees, packed 32 to a tile (a deep tree's node sees its ancestors only)
+#define KD_GATHER (KD_SKIP == 2)
 
 #define KD_D (KD_DL + KD_DR)            // score dims (576)
 #define KD_NQ (8 * KD_NT)               // query rows per block
@@ -107,16 +110,20 @@ using bf16 = __nv_bfloat16;
 // 64-bit vote word): 2048 draft columns; a split with more streams every step (correct, not skipped)
 #define KD_SKIP_MAX 64
 
+// the gather's column list: every column of the 64 candidate steps, then up to 4 tiles of kv_end
+// (the rest of the last tile and the loader's three-step look-ahead past it)
+#define KD_COL_CAP (KD_SKIP_MAX * KD_BN + 4 * KD_BN)
+
 // dynamic shared memory, bytes: KV ring | partial scores | P | rescale per column | token per column
 // | the block's row count (for the epilogue) | the skip table: the starts of the visible draft
-// steps, then 3 x kv_end
+// steps, then 3 x kv_end (KD_SKIP 1), or the visible columns, then kv_end (KD_SKIP 2)
 #define KD_STAGE_BYTES (KD_BN * KD_ROW_BYTES)
 #define KD_OFF_S (KD_STAGES * KD_STAGE_BYTES)
 #define KD_OFF_P (KD_OFF_S + KD_KG * KD_NQ * KD_SPITCH * 4)
 #define KD_OFF_ALPHA (KD_OFF_P + KD_NQ * KD_PPITCH * 2)
 #define KD_OFF_TOK (KD_OFF_ALPHA + KD_NQ * 4)
 #define KD_OFF_TAB (KD_OFF_TOK + KD_NQ * 4)
-#define KD_SMEM_BYTES (KD_OFF_TAB + 16 + (KD_SKIP ? (KD_SKIP_MAX + 3) * 4 : 0))
+#define KD_SMEM_BYTES (KD_OFF_TAB + 16 + (KD_GATHER ? KD_COL_CAP * 4 : KD_SKIP ? (KD_SKIP_MAX + 3) * 4 : 0))
 #define KD_OPITCH (KD_DL + 4)           // epilogue's O tile pitch (fp32): fragment stores conflict-free
 
 static_assert(KD_SMEM_BYTES <= KD_SMEM_LIMIT, "shared memory per block exceeds sm_120's 99 KB");
@@ -136,6 +143,8 @@ static_assert(3 * KD_NQ * 4 + KD_NQ * 8 <= KD_NQ * KD_PPITCH * 2 && KD_OFF_P % 8
 static_assert(KD_OPITCH % 32 == 4, "O tile stores: bank 8t + 4c + g, no conflict");
 static_assert(KD_SKIP_MAX == 64 && KD_WARPS * 8 <= KD_NQ * KD_PPITCH * 2,
               "the skip pass: 64 candidate steps, each warp's 64-bit vote word in the P tile until the first step");
+static_assert(!KD_GATHER || KD_SKIP_MAX * 4 <= KD_NQ * KD_PPITCH * 2,
+              "the gather pass: a 32-bit column word per candidate step in the P tile until the first step");
 
 // what Python reads back from the build (kdkit/kernel/spec.py): one source for these numbers
 extern "C" __device__ int kd_meta_smem_bytes = KD_SMEM_BYTES;
@@ -223,13 +232,21 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   int* sRows = reinterpret_cast<int*>(smem + KD_OFF_TAB);
   int* sTab = sRows + 4;
   if (tid == 0) *sRows = nrows;  // (published by the barriers before the loop)
-#if KD_SKIP
+#if KD_GATHER
+  // row r of step k: in order for k < nlin, else entry 32 (k - nlin) + r of the column list
+  if (ncand == 0 && tid < 4 * KD_BN) sTab[tid] = kv_end;
+  auto pos_of = [&](int k, int r) -> int { return k < nlin ? kv_begin + k * KD_BN + r : sTab[(k - nlin) * KD_BN + r]; };
+  auto step_start = [&](int k) -> int { return pos_of(k, 0); };
+#elif KD_SKIP
   if (ncand == 0 && tid < 3) sTab[tid] = kv_end;
   auto step_start = [&](int k) -> int { return k < nlin ? kv_begin + k * KD_BN : sTab[k - nlin]; };
 #else
   // KD_SKIP 0 (the build for shapes with little to skip: its loop costs nothing for the table):
   // the split's steps in order, up to nlin (a look-ahead start past kv_end loads nothing)
   auto step_start = [&](int k) -> int { return kv_begin + k * KD_BN; };
+#endif
+#if !KD_GATHER
+  auto pos_of = [&](int k, int r) -> int { return step_start(k) + r; };  // a step's rows are consecutive
 #endif
 
   float* sS = reinterpret_cast<float*>(smem + KD_OFF_S);
@@ -310,6 +327,32 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   // a 64-bit word of candidates, published in the P tile (free until the first step). The mask
   // is read through the same hooks as the per-score test below, so a mutant's misread mask
   // decides the skipping too.
+#if KD_GATHER
+  // the gather's pass: a warp per candidate step (its tokens' loads in flight together), lane =
+  // column; the step's column word, every token's ballot ORed (prefix columns: all seen), goes to
+  // the P tile (free until the first step)
+  kd_u32* sColW = reinterpret_cast<kd_u32*>(smem + KD_OFF_P);  // [KD_SKIP_MAX]
+  if (ncand > 0) {  // block-uniform
+    constexpr int U = 8;
+    const int ntok = i1 - i0 + 1;
+    for (int c = warp; c < ncand; c += KD_WARPS) {  // warp-uniform
+      const int pos = kv_begin + (nlin + c) * KD_BN + lane;
+      kd_u32 cw = __ballot_sync(0xffffffffu, pos < prefix && pos < kv_end);
+      for (int t0 = 0; t0 < ntok; t0 += U) {
+        kd_u8 seen[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u)  // every load first, then the ballots
+          seen[u] = (t0 + u < ntok && pos >= prefix && pos < kv_end)
+                        ? mask[mask_base + static_cast<kd_i64>(KD_MUT_MASK_ROW(i0 + t0 + u, n)) * mask_pitch + prefix +
+                               KD_MUT_MASK_COL(pos - prefix, n)]
+                        : kd_u8(0);
+#pragma unroll
+        for (int u = 0; u < U; ++u) cw |= __ballot_sync(0xffffffffu, seen[u] != 0);
+      }
+      if (lane == 0) sColW[c] = cw;
+    }
+  }
+#else
   kd_u32* sVisW = reinterpret_cast<kd_u32*>(smem + KD_OFF_P);  // [KD_WARPS][2]
   if (ncand > 0) {  // block-uniform
     constexpr int U = 8;  // 16 took the 8-row build past 128 registers on sm_90: one block per SM, not two
@@ -345,6 +388,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     }
     if (lane == 0) { sVisW[2 * warp] = m0; sVisW[2 * warp + 1] = m1; }
   }
+#endif
   if (nlin > 0)
     copy_step(0, row_src(kv_begin + ld_row, idx0));
   else
@@ -379,6 +423,27 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   // ks + (m >> 1), dims + 8 (m & 1); its lane (g, t) receives row g, dims 2t, 2t + 1
   kd::cp_async_wait<1>();  // Q's group landed (the first tile's, committed after it, may still fly)
   __syncthreads();         // (and the visibility flags are published)
+#if KD_GATHER
+  if (ncand > 0) {  // block-uniform: the column list. Lane l holds candidates l and l + 32: their
+    // column words and, by a scan of their counts, where their columns start in the list; warp w
+    // writes the columns of candidates w, w + 8, ...
+    const kd_u32 wa = lane < ncand ? sColW[lane] : 0u, wb = lane + 32 < ncand ? sColW[lane + 32] : 0u;
+    int ia = __popc(wa), ib = __popc(wb);  // inclusive scans over the lanes
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int xa = __shfl_up_sync(0xffffffffu, ia, d), xb = __shfl_up_sync(0xffffffffu, ib, d);
+      if (lane >= d) { ia += xa; ib += xb; }
+    }
+    const int ta = __shfl_sync(0xffffffffu, ia, 31), ncols = ta + __shfl_sync(0xffffffffu, ib, 31);
+    const int oa = ia - __popc(wa), ob = ta + ib - __popc(wb);  // exclusive: candidate lane, lane + 32
+    for (int c = warp; c < ncand; c += KD_WARPS) {  // warp-uniform
+      const kd_u32 cw = __shfl_sync(0xffffffffu, c < 32 ? wa : wb, c & 31);
+      const int off = __shfl_sync(0xffffffffu, c < 32 ? oa : ob, c & 31);
+      if ((cw >> lane) & 1u) sTab[off + __popc(cw & ((1u << lane) - 1u))] = kv_begin + (nlin + c) * KD_BN + lane;
+    }
+    if (tid < 4 * KD_BN) sTab[ncols + tid] = kv_end;  // the last tile's rest and the look-ahead
+  }
+#else
   if (ncand > 0) {  // block-uniform: every warp counts the visible candidates, warp 0 lists their starts
     kd_u32 b0 = 0, b1 = 0;  // the visible candidates: every warp's votes
 #pragma unroll
@@ -409,6 +474,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
       idx2 = fetch_index((nlin == 1 ? s2 : s1) + ld_row);
     }
   }
+#endif
   kd_u32 qf[KD_NTH][KD_KSTEPS][2];
   {
     const int mi = lane >> 3;
@@ -436,6 +502,12 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     }
   }
   __syncthreads();  // the first step copies the next tile over Q (and the skip table is published)
+#if KD_GATHER
+  if (ncand > 0 && nlin < 3) {  // the prologue's steps 1, 2 where they are gathered (nlin >= 1 here)
+    if (nlin == 1) idx1 = fetch_index(pos_of(1, ld_row));
+    idx2 = fetch_index(pos_of(2, ld_row));
+  }
+#endif
 
   float m_run[KD_NTH], l_run[KD_NTH];  // softmax state of columns warp + KD_WARPS j: max (log2
                                        // units, the warp's), this lane's share of the sum
@@ -463,10 +535,10 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     const int next = step_start(it + 1);
     const bool last = KD_SKIP ? next >= kv_end : it + 1 == nlin;  // block-uniform
     if (!last) {
-      copy_step(stage ^ 1, row_src(next + ld_row, idx1));
+      copy_step(stage ^ 1, row_src(pos_of(it + 1, ld_row), idx1));
       idx1 = idx2;                                           // step it + 2
-      idx2 = fetch_index(step_start(it + 3) + ld_row);       // step it + 3
-      prefetch_l2(row_src(step_start(it + 2) + ld_row, idx1));
+      idx2 = fetch_index(pos_of(it + 3, ld_row));            // step it + 3
+      prefetch_l2(row_src(pos_of(it + 2, ld_row), idx1));
       kd::cp_async_wait<1>();
     } else {
       kd::cp_async_wait<0>();
@@ -477,8 +549,9 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     // ---- which of this lane's scores are visible: bit j for query column warp + KD_WARPS j, KV row
     // start + lane. A step wholly inside the prefix (every step but a split's last, mostly) sees
     // all of it; otherwise the mask's bytes are loaded here, all at once, and arrive during QK.
-    const int pos = start + lane;
-    const bool plain = start + KD_BN <= prefix && start + KD_BN <= kv_end;  // block-uniform
+    const bool gathered = KD_GATHER && it >= nlin;  // block-uniform: rows from the column list
+    const int pos = pos_of(it, lane);
+    const bool plain = !gathered && start + KD_BN <= prefix && start + KD_BN <= kv_end;  // block-uniform
     kd_u32 vis = vis_live;
     if (!plain) {
       vis = 0;
@@ -541,11 +614,11 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     // (the QK reads of this tile are done; PV reads it after the barrier below)
     // (the step's start is read again from the table, not held in a register across QK)
     const int vstart = step_start(it);
-    if (!p.unified && vstart + KD_BN > pool_len) {  // block-uniform; the steps that reach the draft
+    if (!p.unified && (gathered || vstart + KD_BN > pool_len)) {  // block-uniform; the steps that reach the draft
       const kd_u32 tile_s = s_ring + stage * KD_STAGE_BYTES;
       for (int e = tid; e < KD_BN * (KD_DL / 8); e += KD_THREADS) {  // all copies in flight at once
         const int r = e / (KD_DL / 8), c = e % (KD_DL / 8);
-        const int vpos = vstart + r;
+        const int vpos = gathered ? pos_of(it, r) : vstart + r;
         if (vpos >= pool_len && vpos < kv_end)
           kd::cp_async_16(tile_s + tile_off(r, c), vg + static_cast<kd_i64>(qs + vpos - pool_len) * p.v_stride_tok + c * 8, true);
       }
