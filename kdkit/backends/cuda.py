@@ -39,7 +39,7 @@ def plan_case(case, x: dict, **opts) -> kernel.Plan:
 
 
 def run(case, nsplit: int | None = None, mutant: str | None = None, nt: int | None = None,
-        nh: int | None = None, skip: bool | None = None, device: str = "cuda") -> Result:
+        nh: int | None = None, skip: bool | str | None = None, device: str = "cuda") -> Result:
     x = to_device(case, device)
     p = plan_case(case, x, nsplit=nsplit, mutant=mutant, nt=nt, nh=nh, skip=skip)
     out, lse = kernel.run(p, x["q"], x["k"], x["v"], x["kv_buffer"])

@@ -110,9 +110,10 @@ using bf16 = __nv_bfloat16;
 // 64-bit vote word): 2048 draft columns; a split with more streams every step (correct, not skipped)
 #define KD_SKIP_MAX 64
 
-// the gather's column list: every column of the 64 candidate steps, then up to 4 tiles of kv_end
-// (the rest of the last tile and the loader's three-step look-ahead past it)
-#define KD_COL_CAP (KD_SKIP_MAX * KD_BN + 4 * KD_BN)
+// the gather's column list: every column of the 64 candidate steps, then 3 tiles of kv_end (the
+// rest of the last tile and the look-ahead past it: the furthest read, 3 steps ahead of the step
+// before the last, is entry ncols + 94 at most)
+#define KD_COL_CAP (KD_SKIP_MAX * KD_BN + 3 * KD_BN)
 
 // dynamic shared memory, bytes: KV ring | partial scores | P | rescale per column | token per column
 // | the block's row count (for the epilogue) | the skip table: the starts of the visible draft
@@ -234,7 +235,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   if (tid == 0) *sRows = nrows;  // (published by the barriers before the loop)
 #if KD_GATHER
   // row r of step k: in order for k < nlin, else entry 32 (k - nlin) + r of the column list
-  if (ncand == 0 && tid < 4 * KD_BN) sTab[tid] = kv_end;
+  if (ncand == 0 && tid < 3 * KD_BN) sTab[tid] = kv_end;
   auto pos_of = [&](int k, int r) -> int { return k < nlin ? kv_begin + k * KD_BN + r : sTab[(k - nlin) * KD_BN + r]; };
   auto step_start = [&](int k) -> int { return pos_of(k, 0); };
 #elif KD_SKIP
@@ -333,23 +334,32 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   // the P tile (free until the first step)
   kd_u32* sColW = reinterpret_cast<kd_u32*>(smem + KD_OFF_P);  // [KD_SKIP_MAX]
   if (ncand > 0) {  // block-uniform
+    // warp w owns candidates w, w + 8, ...: its pairs (candidate, token) in that order, 8 loads in
+    // flight before their ballots; a candidate's word is written once its last token is ORed in
     constexpr int U = 8;
     const int ntok = i1 - i0 + 1;
-    for (int c = warp; c < ncand; c += KD_WARPS) {  // warp-uniform
-      const int pos = kv_begin + (nlin + c) * KD_BN + lane;
-      kd_u32 cw = __ballot_sync(0xffffffffu, pos < prefix && pos < kv_end);
-      for (int t0 = 0; t0 < ntok; t0 += U) {
-        kd_u8 seen[U];
+    const int nown = ncand > warp ? (ncand - 1 - warp) / KD_WARPS + 1 : 0, npairs = nown * ntok;
+    kd_u32 cw = 0;
+    for (int e0 = 0; e0 < npairs; e0 += U) {  // warp-uniform
+      kd_u8 seen[U];
 #pragma unroll
-        for (int u = 0; u < U; ++u)  // every load first, then the ballots
-          seen[u] = (t0 + u < ntok && pos >= prefix && pos < kv_end)
-                        ? mask[mask_base + static_cast<kd_i64>(KD_MUT_MASK_ROW(i0 + t0 + u, n)) * mask_pitch + prefix +
-                               KD_MUT_MASK_COL(pos - prefix, n)]
-                        : kd_u8(0);
-#pragma unroll
-        for (int u = 0; u < U; ++u) cw |= __ballot_sync(0xffffffffu, seen[u] != 0);
+      for (int u = 0; u < U; ++u) {  // every load first, then the ballots
+        const int e = e0 + u, c = warp + KD_WARPS * (e / ntok), tok = e % ntok;
+        const int pos = kv_begin + (nlin + c) * KD_BN + lane;
+        seen[u] = (e < npairs && pos >= prefix && pos < kv_end)
+                      ? mask[mask_base + static_cast<kd_i64>(KD_MUT_MASK_ROW(i0 + tok, n)) * mask_pitch + prefix +
+                             KD_MUT_MASK_COL(pos - prefix, n)]
+                      : kd_u8(0);
       }
-      if (lane == 0) sColW[c] = cw;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int e = e0 + u, c = warp + KD_WARPS * (e / ntok), tok = e % ntok;
+        if (e >= npairs) break;  // warp-uniform
+        const int pos = kv_begin + (nlin + c) * KD_BN + lane;
+        if (tok == 0) cw = __ballot_sync(0xffffffffu, pos < prefix && pos < kv_end);  // prefix: all seen
+        cw |= __ballot_sync(0xffffffffu, seen[u] != 0);
+        if (tok == ntok - 1 && lane == 0) sColW[c] = cw;
+      }
     }
   }
 #else
@@ -441,7 +451,14 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
       const int off = __shfl_sync(0xffffffffu, c < 32 ? oa : ob, c & 31);
       if ((cw >> lane) & 1u) sTab[off + __popc(cw & ((1u << lane) - 1u))] = kv_begin + (nlin + c) * KD_BN + lane;
     }
-    if (tid < 4 * KD_BN) sTab[ncols + tid] = kv_end;  // the last tile's rest and the look-ahead
+    if (tid < 3 * KD_BN) sTab[ncols + tid] = kv_end;  // the last tile's rest and the look-ahead
+    // the prologue's steps 1, 2 where they are gathered (nlin >= 1 here), their indices in flight
+    // before Q's fragments fill the registers: the list is published by one more barrier
+    __syncthreads();
+    if (nlin < 3) {
+      if (nlin == 1) idx1 = fetch_index(pos_of(1, ld_row));
+      idx2 = fetch_index(pos_of(2, ld_row));
+    }
   }
 #else
   if (ncand > 0) {  // block-uniform: every warp counts the visible candidates, warp 0 lists their starts
@@ -502,12 +519,6 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     }
   }
   __syncthreads();  // the first step copies the next tile over Q (and the skip table is published)
-#if KD_GATHER
-  if (ncand > 0 && nlin < 3) {  // the prologue's steps 1, 2 where they are gathered (nlin >= 1 here)
-    if (nlin == 1) idx1 = fetch_index(pos_of(1, ld_row));
-    idx2 = fetch_index(pos_of(2, ld_row));
-  }
-#endif
 
   float m_run[KD_NTH], l_run[KD_NTH];  // softmax state of columns warp + KD_WARPS j: max (log2
                                        // units, the warp's), this lane's share of the sum
@@ -535,7 +546,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     const int next = step_start(it + 1);
     const bool last = KD_SKIP ? next >= kv_end : it + 1 == nlin;  // block-uniform
     if (!last) {
-      copy_step(stage ^ 1, row_src(pos_of(it + 1, ld_row), idx1));
+      copy_step(stage ^ 1, row_src(KD_GATHER ? pos_of(it + 1, ld_row) : next + ld_row, idx1));
       idx1 = idx2;                                           // step it + 2
       idx2 = fetch_index(pos_of(it + 3, ld_row));            // step it + 3
       prefetch_l2(row_src(pos_of(it + 2, ld_row), idx1));
@@ -550,7 +561,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     // start + lane. A step wholly inside the prefix (every step but a split's last, mostly) sees
     // all of it; otherwise the mask's bytes are loaded here, all at once, and arrive during QK.
     const bool gathered = KD_GATHER && it >= nlin;  // block-uniform: rows from the column list
-    const int pos = pos_of(it, lane);
+    const int pos = KD_GATHER ? pos_of(it, lane) : start + lane;
     const bool plain = !gathered && start + KD_BN <= prefix && start + KD_BN <= kv_end;  // block-uniform
     kd_u32 vis = vis_live;
     if (!plain) {
