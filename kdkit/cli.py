@@ -501,7 +501,7 @@ def cmd_compile(args) -> int:
     Registers, shared memory, stack, spills, local memory; exit 1 if a build breaches sm_120's
     limits (99 KB of shared memory, no spills, no wgmma/TMA) or fails."""
     from .kernel import jit
-    from .kernel.spec import NT_CHOICES, KernelConfig, compile_report
+    from .kernel.spec import GATHER_MAX_NT, NT_CHOICES, KernelConfig, compile_report
     archs = [a.strip() for a in args.arch.split(",") if a.strip()]
     if not archs:
         raise BadInput("--arch: give at least one sm_XX")
@@ -519,14 +519,15 @@ def cmd_compile(args) -> int:
     worst = EXIT_OK
     for arch in archs:
         for nt in nts:
-            for skip in (False, True):
+            for skip in (False, True, "gather") if nt <= GATHER_MAX_NT else (False, True):
                 try:
                     rep = compile_report(arch, KernelConfig(nt=nt, mutant=args.mutant, skip=skip))
                 except jit.BuildError as e:
                     _err(str(e))
                     worst = EXIT_PROBLEM
                     continue
-                print(f"{arch}, {8 * nt} rows per block (KD_NT={nt}){', step skip (KD_SKIP=1)' if skip else ''}:")
+                what = {False: "", True: ", step skip (KD_SKIP=1)", "gather": ", column gather (KD_SKIP=2)"}[skip]
+                print(f"{arch}, {8 * nt} rows per block (KD_NT={nt}){what}:")
                 print(rep.table())
                 if rep.breaches():
                     worst = EXIT_PROBLEM

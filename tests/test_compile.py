@@ -195,7 +195,9 @@ def test_cli_compile(capsys):
         for nt in vk.NT_CHOICES:
             assert f"{arch}, {8 * nt} rows per block (KD_NT={nt}):\n{arch}  mla_tc-nt{nt}-" in out
             assert f"{arch}, {8 * nt} rows per block (KD_NT={nt}), step skip (KD_SKIP=1):\n{arch}  mla_tc-nt{nt}-" in out
-    assert out.count("fits sm_120 limits: yes") == 2 * 2 * len(vk.NT_CHOICES)
+            if nt <= vk.GATHER_MAX_NT:
+                assert f"{arch}, {8 * nt} rows per block (KD_NT={nt}), column gather (KD_SKIP=2):" in out
+    assert out.count("fits sm_120 limits: yes") == 2 * (2 * len(vk.NT_CHOICES) + vk.GATHER_MAX_NT)
     assert main(["compile", "--arch", "sm_120", "--rows", "40"]) == 0
     out = capsys.readouterr().out
     assert out.count("rows per block") == 2 and "40 rows per block (KD_NT=5)" in out
