@@ -95,6 +95,21 @@ def test_gather_builds_fit():
         vk.KernelConfig(skip="cols")
 
 
+def test_choose_launch_takes_the_gather_where_the_block_size_is_free():
+    """Deep trees at a short prefix: the column gather at <= GATHER_MAX_NT n-tiles, even where the
+    plain choice is 40 rows (1 x 21, q_len 257, H 16); a fixed block size or 16 warps keep the
+    step skip; no mask, no skip; the caller's skip and split count are kept."""
+    rows16 = 257 * 16
+    assert schedule.choose(1, rows16, 278, 132, rows16)[0] == 5
+    nt, ns, skip = schedule.choose_launch(1, rows16, 257, 278, 132, rows16, True)
+    assert skip == "gather" and nt <= vk.GATHER_MAX_NT
+    assert schedule.choose_launch(1, rows16, 257, 278, 132, rows16, True, nt=5)[2] is True
+    assert schedule.choose_launch(1, rows16, 257, 278, 132, rows16, True, nt=5, nh=2, nt_fixed=False)[2] is True
+    assert schedule.choose_launch(1, rows16, 257, 278, 132, rows16, False)[2] is False
+    assert schedule.choose_launch(1, 72, 9, 32777, 132, 72, True) == (*schedule.choose(1, 72, 32777, 132, 72), False)
+    assert schedule.choose_launch(1, rows16, 257, 278, 132, rows16, True, skip=True, nsplit=2)[1:] == (2, True)
+
+
 def test_choose_skip():
     """The skip build only where the draft is most of the KV (schedule.choose_skip's measurements)."""
     assert schedule.choose_skip(257, 21 + 257, True) == "gather"  # 1 x 21, q_len 257: 9 draft steps of 9

@@ -169,13 +169,14 @@ def _request(case, b, device, p_bf16, chunk_elems, nsplit, mutant):
 
 
 def default_nsplit(case, sm_count: int = schedule.H200_SM_COUNT) -> int:
-    """The kernel's split count for this case's shape on `sm_count` SMs (kdkit.kernel.schedule)."""
+    """The kernel's split count for this case's shape on `sm_count` SMs (kdkit.kernel.schedule: the
+    plan's own choice, the skip build's block size included)."""
     rows = max(case.q_lens, default=0) * case.num_heads
     kv_lens = [int(pf) + n for pf, n in zip(case.prefix_lens.tolist(), case.q_lens)]
     if not rows:
         return 1
-    return schedule.choose(case.batch_size, rows, max(kv_lens, default=0), sm_count,
-                           case.num_tokens * case.num_heads)[1]
+    return schedule.choose_launch(case.batch_size, rows, max(case.q_lens), max(kv_lens, default=0), sm_count,
+                                  case.num_tokens * case.num_heads, case.custom_mask is not None)[1]
 
 
 def run(case, *, device=None, p_bf16: bool = False, nsplit: int | None = None, mutant: str | None = None,

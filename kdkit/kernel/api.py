@@ -134,26 +134,16 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
     require(nt is None or nt >= nh, "nt", f"{nt} with nh={nh}: each query half needs an n-tile")
     total_rows = T * H
     sm_count = torch.cuda.get_device_properties(dev).multi_processor_count
-    nt, ns = schedule.choose(sizes["bs"], rows, sizes["max_kv_len"], sm_count, total_rows, nt=nt,
-                             nsplit=None if nsplit is None else int(nsplit))
+    require(skip is None or skip in spec.SKIP_CHOICES, "skip",
+            f"{skip!r}: choose one of {spec.SKIP_CHOICES} (None: the plan's)")
+    # (choose_skip weighs the longest request's draft, not the grid's max_q_len, which defaults to
+    # all T tokens)
+    nt, ns, skip = schedule.choose_launch(sizes["bs"], rows, sizes["max_q_len"], sizes["max_kv_len"], sm_count,
+                                          total_rows, custom_mask is not None, nt=nt, nh=nh, skip=skip,
+                                          nsplit=None if nsplit is None else int(nsplit), nt_fixed=nt_asked is not None)
     idx = dict(qo_t=qo_indptr.dtype, kvp_t=kv_indptr.dtype, kvi_t=kv_indices.dtype,
                pfx_t=prefix_lens.dtype if prefix_lens is not None else torch.int64,
                mip_t=mask_indptr.dtype if mask_indptr is not None else torch.int64)
-    auto_skip = skip is None
-    if auto_skip:
-        # (the longest request's draft, not the grid's max_q_len, which defaults to all T tokens)
-        skip = schedule.choose_skip(sizes["max_q_len"], sizes["max_kv_len"], custom_mask is not None, nt, nh)
-    if nt_asked is None and nh == 1 and ((auto_skip and skip is True) or (skip == "gather" and nt > spec.GATHER_MAX_NT)):
-        # a deep tree at a short prefix (or the gather asked for, the block size not): the column
-        # gather, at the block size up to GATHER_MAX_NT n-tiles that the launch model ranks first
-        # (NOT yet measured against the step skip at the larger block)
-        options = [schedule.choose(sizes["bs"], rows, sizes["max_kv_len"], sm_count, total_rows, nt=t,
-                                   nsplit=None if nsplit is None else int(nsplit))
-                   for t in range(1, spec.GATHER_MAX_NT + 1)]
-        nt, ns = min(options, key=lambda o: (schedule.modelled_us(
-            sizes["bs"], schedule.blocks_per_request(rows, o[0]), sizes["max_kv_len"], o[0], o[1], sm_count), -o[0]))
-        skip = "gather"
-    require(skip in spec.SKIP_CHOICES, "skip", f"{skip!r}: choose one of {spec.SKIP_CHOICES} (None: the plan's)")
     require(skip != "gather" or nt <= spec.GATHER_MAX_NT, "skip",
             f"'gather' with nt={nt}: the column list fits up to nt={spec.GATHER_MAX_NT} (skip=True at {nt})")
     try:

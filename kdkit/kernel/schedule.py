@@ -129,6 +129,28 @@ def choose_skip(max_q_len: int, max_kv_len: int, masked: bool, nt: int = 1, nh: 
     return "gather" if nt <= GATHER_MAX_NT and nh == 1 else True
 
 
+def choose_launch(bs: int, rows: int, max_q_len: int, max_kv_len: int, sm_count: int, total_rows: int,
+                  masked: bool, nt: int | None = None, nh: int = 1, skip=None, nsplit: int | None = None,
+                  nt_fixed: bool | None = None) -> tuple[int, int, bool | str]:
+    """(n-tiles per block, splits, skip build) for a batch: the one choice the plan makes and the
+    torch reference's split count follows (kdkit.probes places its planted keys by it). skip None:
+    choose_skip's; where that is a skip and the block size is free, the column gather at the block
+    size up to GATHER_MAX_NT that the launch model ranks first (NOT yet measured against the step
+    skip at the larger block). nt_fixed: the caller fixed nt (default: nt is not None)."""
+    nt_fixed = nt is not None if nt_fixed is None else nt_fixed
+    nt, ns = choose(bs, rows, max_kv_len, sm_count, total_rows, nt=nt, nsplit=nsplit)
+    auto_skip = skip is None
+    if auto_skip:
+        skip = choose_skip(max_q_len, max_kv_len, masked, nt, nh)
+    if not nt_fixed and nh == 1 and ((auto_skip and skip is True) or (skip == "gather" and nt > GATHER_MAX_NT)):
+        options = [choose(bs, rows, max_kv_len, sm_count, total_rows, nt=t, nsplit=nsplit)
+                   for t in range(1, GATHER_MAX_NT + 1)]
+        nt, ns = min(options, key=lambda o: (modelled_us(bs, blocks_per_request(rows, o[0]), max_kv_len, o[0], o[1],
+                                                         sm_count), -o[0]))
+        skip = "gather"
+    return nt, ns, skip
+
+
 THREADS_PER_SM = 2048  # resident threads per SM on sm_80..sm_120
 
 
