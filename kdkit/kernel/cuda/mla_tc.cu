@@ -545,16 +545,26 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     const int stage = it & 1;
     const int next = step_start(it + 1);
     const bool last = KD_SKIP ? next >= kv_end : it + 1 == nlin;  // block-uniform
-    if (!last) {
+    // 8 warps: one barrier for two things: this step's tile has landed for every thread, and every
+    // warp is done with the previous step's tile (its PV), so the next step's copy may overwrite
+    // it. The copy is issued after it, a step ahead of its use as before; only this step's tile is
+    // in flight at the wait (its copy was issued at the previous step's start). 16 warps (128
+    // registers) keep the copy before the wait and a barrier after PV: the other order spills there.
+    constexpr bool kCopyAfterBarrier = KD_NH == 1;
+    auto issue_next = [&]() {
       copy_step(stage ^ 1, row_src(KD_GATHER ? pos_of(it + 1, ld_row) : next + ld_row, idx1));
       idx1 = idx2;                                           // step it + 2
       idx2 = fetch_index(pos_of(it + 3, ld_row));            // step it + 3
       prefetch_l2(row_src(pos_of(it + 2, ld_row), idx1));
+    };
+    if (!kCopyAfterBarrier && !last) {
+      issue_next();
       kd::cp_async_wait<1>();
     } else {
       kd::cp_async_wait<0>();
     }
     __syncthreads();
+    if (kCopyAfterBarrier && !last) issue_next();
     const kd_u32 s_tile = s_ring + KD_MUT_READ_STAGE(stage, last) * KD_STAGE_BYTES;
 
     // ---- which of this lane's scores are visible: bit j for query column warp + KD_WARPS j, KV row
@@ -745,8 +755,9 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
         }
       }
     }
-    __syncthreads();  // the next step's prefetch overwrites this tile
+    if (!kCopyAfterBarrier) __syncthreads();  // the next step's copy overwrites this tile
   }
+  __syncthreads();  // every warp's PV is done: the epilogue writes over the ring
 
   // ---- epilogue: O^T fragments (unnormalised) and each column's max and sum to shared memory
   // (the ring and score tile are free now), then whole rows out with 16-byte stores: one row of
