@@ -539,6 +539,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
 
   // KD_SKIP: the compacted sequence (the loader follows it too) ends at a start of kv_end; the loop
   // keeps no step count, a register fewer at the 40-row build's limit. Else nlin steps in order.
+  constexpr bool kCopyAfterBarrier = KD_NH == 1;  // (see the step's first barrier)
   for (int it = 0; KD_SKIP || it < nlin; ++it) {
     const int start = step_start(it);
     if (KD_SKIP && start >= kv_end) break;  // block-uniform
@@ -547,10 +548,10 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     const bool last = KD_SKIP ? next >= kv_end : it + 1 == nlin;  // block-uniform
     // 8 warps: one barrier for two things: this step's tile has landed for every thread, and every
     // warp is done with the previous step's tile (its PV), so the next step's copy may overwrite
-    // it. The copy is issued after it, a step ahead of its use as before; only this step's tile is
-    // in flight at the wait (its copy was issued at the previous step's start). 16 warps (128
+    // it. The copy is issued after the wait and the barrier (before them, until this change), still
+    // a step ahead of its use; so only this step's tile is in flight at the wait, not two (a cost
+    // to measure where the step is short against memory latency). 16 warps (128
     // registers) keep the copy before the wait and a barrier after PV: the other order spills there.
-    constexpr bool kCopyAfterBarrier = KD_NH == 1;
     auto issue_next = [&]() {
       copy_step(stage ^ 1, row_src(KD_GATHER ? pos_of(it + 1, ld_row) : next + ld_row, idx1));
       idx1 = idx2;                                           // step it + 2
@@ -757,7 +758,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     }
     if (!kCopyAfterBarrier) __syncthreads();  // the next step's copy overwrites this tile
   }
-  __syncthreads();  // every warp's PV is done: the epilogue writes over the ring
+  if (kCopyAfterBarrier) __syncthreads();  // every warp's PV is done: the epilogue writes over the ring
 
   // ---- epilogue: O^T fragments (unnormalised) and each column's max and sum to shared memory
   // (the ring and score tile are free now), then whole rows out with 16-byte stores: one row of
