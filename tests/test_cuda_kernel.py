@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from kdkit import backends, bench, compare, kernel, oracle, shapes, synth, trees
+from kdkit.backends import torch_ref
 from kdkit.case import load
 from kdkit.kernel import spec
 from kdkit.layout import to_layout
@@ -366,14 +367,23 @@ def test_skipped_steps_are_not_read(prefix, tree, layout):
 @pytest.mark.parametrize("layout", ["sglang", "unified"])
 @pytest.mark.parametrize("mutant", sorted(kernel.MUTANTS))
 def test_mutants_fail_on_a_deep_tree(mutant, layout, skip):
-    """Where the skip table is in use (q_len 129 and 65 at prefix 21 and 300): the mask mutants
-    misread the mask in the visibility pass as in the scores, so every mutant still fails."""
+    """Where the skip table or the column list is in use (q_len 129 and 65 at prefix 21 and 300),
+    every mutant still fails. The mask mutants misread the mask in the visibility pass as in the
+    scores: their build agrees with the torch model of the same mutant, which streams every step (a
+    pass that read the true mask could leave out a column only the misread mask shows, and differ)."""
     case = to_layout(synth.make_case(bs=2, prefix=[21, 300], q_len=[129, 65], heads=8, tree="ddtree",
                                      seed=8), layout)
     nt = 3 if skip == "gather" else None
     assert _judge(case, cuda.run(case, nsplit=3, skip=skip, nt=nt)).passed
-    v = _judge(case, cuda.run(case, nsplit=3, mutant=mutant, skip=skip, nt=nt))
+    res = cuda.run(case, nsplit=3, mutant=mutant, skip=skip, nt=nt)
+    v = _judge(case, res)
     assert not v.passed, f"mutant {mutant} passed the check: the checker is broken"
+    if mutant in ("mask-row-offset", "mask-col-offset"):
+        model = torch_ref.run(case, mutant=mutant, nsplit=3)
+        m = compare.metrics(res.out, model.out.double(), res.lse, model.lse.double(),
+                            lse_cond=oracle.lse_condition(case))
+        v = compare.judge("cuda", m, model.out.double())
+        assert v.passed, f"{mutant}: the skip build differs from the torch model of it: {v.reasons}"
 
 
 @pytest.mark.parametrize("nt", spec.NT_CHOICES)
