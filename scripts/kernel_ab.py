@@ -2,7 +2,7 @@
 
 Where git is (no GPU needed): each ref's kdkit package, written out under DIR:
 
-    python3 scripts/kernel_ab.py export DIR main my-branch [NAME=REF ...]
+    python3 scripts/kernel_ab.py export DIR main my-branch [NAME=REF ...] [NAME=REF:skip=gather,nt=3 ...]
 
 On the GPU host (any copy of the tree that holds DIR):
 
@@ -14,6 +14,10 @@ the spread of a variant's times. Graph replay, a 256 MiB L2 flush before each ca
 (kdkit.bench.Timer, as `kdkit bench` times), at the plan's own choice of block size and splits.
 Rows go to DIR/times.jsonl (appended); the table at the end gives each variant's fastest and
 slowest time per shape and its ratio to the first variant's (`table DIR` prints it again).
+
+A variant may fix plan options after a colon (`skip`, `nt`, `nh`, `nsplit`; values true, false,
+none, an integer or a word): `plain=main:skip=false step=main:skip=true` times two builds of one
+commit; every shape the option does not fit is reported and left out of that variant.
 
 The shapes: `kdkit bench --quick`'s and the deep trees at prefix 21 (q_len 64, 257; DEEP), or with
 --shapes the grid's shapes whose label contains TEXT (labels read "32x131072 q9 H8").
@@ -33,17 +37,36 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 DEEP = [(1, 21, 64, 8), (1, 21, 64, 16), (1, 21, 257, 8), (1, 21, 257, 16), (8, 21, 257, 16)]
 
 
-def _variant(spec: str) -> tuple[str, str]:
-    """NAME=REF, or REF named after itself (what a directory name cannot hold becomes '-')."""
-    name, ref = spec.split("=", 1) if "=" in spec else (re.sub(r"[^A-Za-z0-9_.-]", "-", spec).lstrip(".-"), spec)
+OPTS = ("skip", "nt", "nh", "nsplit")  # kdkit.kernel.plan's options a variant may fix
+
+
+def _value(text: str):
+    low = text.lower()
+    if low in ("true", "false", "none"):
+        return {"true": True, "false": False, "none": None}[low]
+    return int(text) if text.isdigit() else text
+
+
+def _variant(spec: str) -> tuple[str, str, dict]:
+    """NAME=REF[:OPT=V,...], or REF named after itself (what a directory name cannot hold becomes
+    '-'); git forbids ':' in a ref's name, so the first ':' starts the options."""
+    head, _, opt_text = spec.partition(":")
+    name, ref = head.split("=", 1) if "=" in head else (re.sub(r"[^A-Za-z0-9_.-]", "-", head).lstrip(".-"), head)
     if not NAME.match(name):
         raise SystemExit(f"error: variant name {name!r} (from {spec!r}): use letters, digits, '.', '_', '-'")
-    return name, ref
+    opts = {}
+    for item in filter(None, opt_text.split(",")):
+        key, eq, val = item.partition("=")
+        if key not in OPTS or not eq:
+            raise SystemExit(f"error: option {item!r} of {spec!r}: write KEY=VALUE with KEY one of {OPTS}")
+        opts[key] = _value(val)
+    return name, ref, opts
 
 
 def export(out: Path, specs: list[str], repo: Path = ROOT) -> dict:
     """Write each ref's kdkit/ to out/NAME/kdkit and out/refs.json; refuse to overwrite a variant."""
-    variants = dict(_variant(s) for s in specs)
+    variants = {name: ref for name, ref, _ in map(_variant, specs)}
+    options = {name: opts for name, _, opts in map(_variant, specs)}
     if len(variants) != len(specs):
         raise SystemExit("error: two variants share a name; name them NAME=REF")
     commits = {}
@@ -63,7 +86,7 @@ def export(out: Path, specs: list[str], repo: Path = ROOT) -> dict:
         tar = subprocess.run(["git", "-C", str(repo), "archive", commits[name], "kdkit"],
                              capture_output=True, check=True).stdout
         subprocess.run(["tar", "x", "-C", str(out / name)], input=tar, check=True)
-        refs[name] = {"ref": ref, "commit": commits[name]}
+        refs[name] = {"ref": ref, "commit": commits[name], "opts": options[name]}
         refs_path.write_text(json.dumps(refs, indent=1) + "\n")
     return refs
 
@@ -81,8 +104,9 @@ def shapes(text: str | None) -> list[tuple[int, int, int, int]]:
     return out if text else out + [d for d in DEEP if d not in out]
 
 
-def child(vdir: str, name: str, shapes_json: str, out: str, budget_s: float, rnd: int) -> None:
-    """In a fresh process: import the variant's kdkit, time each shape, append rows."""
+def child(vdir: str, name: str, shapes_json: str, out: str, budget_s: float, rnd: int, opts: dict) -> None:
+    """In a fresh process: import the variant's kdkit, time each shape at the variant's plan
+    options, append rows; a shape the options do not fit is reported and left out."""
     sys.path.insert(0, vdir)
     import torch
     import kdkit
@@ -95,7 +119,11 @@ def child(vdir: str, name: str, shapes_json: str, out: str, budget_s: float, rnd
         for bs, prefix, q_len, heads in json.loads(shapes_json):
             case = make_case(Shape(bs, prefix, q_len, heads))
             x = cuda.to_device(case)
-            p = cuda.plan_case(case, x)
+            try:
+                p = cuda.plan_case(case, x, **opts)
+            except ValueError as e:  # kdkit's InputError: e.g. the gather at a block size it cannot hold
+                print(f"{name} {bs}x{prefix} q{q_len} H{heads}: left out: {e}", file=sys.stderr, flush=True)
+                continue
             replay = graph_of(lambda: kernel.run(p, x["q"], x["k"], x["v"], x["kv_buffer"]))
             row = {"variant": name, "round": rnd, "bs": bs, "prefix": prefix, "q_len": q_len, "heads": heads,
                    "nsplit": p.nsplit, "rows_per_cta": p.rows_per_cta, "module": p.key,
@@ -113,7 +141,8 @@ def time_all(d: Path, text: str | None, rounds: int, budget_s: float) -> int:
     for rnd in range(rounds):
         for name in names if rnd % 2 == 0 else names[::-1]:
             r = subprocess.run([sys.executable, __file__, "_child", str(d / name), name, todo,
-                                str(d / "times.jsonl"), str(budget_s), str(rnd)])
+                                str(d / "times.jsonl"), str(budget_s), str(rnd),
+                                json.dumps(refs[name].get("opts", {}))])
             print(f"round {rnd} {name}: exit {r.returncode}", file=sys.stderr, flush=True)
             bad += r.returncode != 0
     print(table(d))
@@ -130,7 +159,10 @@ def table(d: Path) -> str:
     by: dict = {}
     for r in rows:
         by.setdefault((r["bs"], r["prefix"], r["q_len"], r["heads"]), {}).setdefault(r["variant"], []).append(r["us"])
-    head = ["shape"] + [f"{n} ({refs[n]['commit'][:7]})" for n in names]
+    def title(n):
+        opts = ",".join(f"{k}={v}" for k, v in refs[n].get("opts", {}).items())
+        return f"{n} ({refs[n]['commit'][:7]}{' ' + opts if opts else ''})"
+    head = ["shape"] + [title(n) for n in names]
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for (bs, prefix, q_len, heads), per in by.items():
         base = min(per[names[0]]) if names[0] in per else None
@@ -149,14 +181,14 @@ def table(d: Path) -> str:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["_child"]:
-        vdir, name, todo, out, budget, rnd = argv[1:]
-        child(vdir, name, todo, out, float(budget), int(rnd))
+        vdir, name, todo, out, budget, rnd, opts = argv[1:]
+        child(vdir, name, todo, out, float(budget), int(rnd), json.loads(opts))
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     e = sub.add_parser("export", help="write each ref's kdkit/ under DIR (needs git)")
     e.add_argument("dir", type=Path)
-    e.add_argument("refs", nargs="+", help="REF or NAME=REF; the first is the baseline")
+    e.add_argument("refs", nargs="+", help="REF, NAME=REF or NAME=REF:OPT=V,...; the first is the baseline")
     t = sub.add_parser("time", help="time every variant under DIR on this GPU")
     t.add_argument("dir", type=Path)
     t.add_argument("--shapes", default=None, help="the grid's shapes whose label contains this text")

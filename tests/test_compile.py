@@ -111,16 +111,20 @@ def test_choose_launch_takes_the_gather_where_the_block_size_is_free():
 
 
 def test_choose_skip():
-    """The skip build only where the draft is most of the KV (schedule.choose_skip's measurements)."""
+    """The gather where the draft is at least half the KV, the step skip where it is at least a tenth
+    (schedule.choose_skip's measurements)."""
     assert schedule.choose_skip(257, 21 + 257, True) == "gather"  # 1 x 21, q_len 257: 9 draft steps of 9
     assert schedule.choose_skip(257, 21 + 257, True, nt=5) is True  # the column list does not fit at 40 rows
     assert schedule.choose_skip(257, 21 + 257, True, nt=3, nh=2) is True
     assert schedule.choose_skip(1025, 1000 + 1025, True)
     assert not schedule.choose_skip(257, 21 + 257, False)     # no mask: nothing to skip beyond causal
-    assert not schedule.choose_skip(64, 21 + 64, True)        # 2 draft steps: measured slower
+    assert schedule.choose_skip(64, 21 + 64, True) == "gather"  # 2 draft steps of 3
+    assert not schedule.choose_skip(64, 21 + 64, True, nt=5)  # the step skip: 2 draft steps measured slower
+    assert not schedule.choose_skip(9, 21 + 9, True)          # one step: nothing to leave out
     assert not schedule.choose_skip(9, 1024 + 9, True)
+    assert not schedule.choose_skip(64, 1024 + 64, True)
     assert not schedule.choose_skip(257, 8192 + 257, True)    # 9 draft steps of 265
-    assert not schedule.choose_skip(257, 1024 + 257, True)
+    assert schedule.choose_skip(257, 1024 + 257, True) is True  # 9 of 41: the step skip, not the gather
 
 
 @pytest.mark.parametrize("arch", ["sm_89", "sm_100"])

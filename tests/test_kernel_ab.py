@@ -52,9 +52,18 @@ def test_export_refuses_what_would_be_lost_or_wrong(tmp_path):
 
 
 def test_variant_names():
-    assert ab._variant("HEAD~1") == ("HEAD-1", "HEAD~1")
-    assert ab._variant("origin/kernel-skip") == ("origin-kernel-skip", "origin/kernel-skip")
-    assert ab._variant("new=abc123") == ("new", "abc123")
+    assert ab._variant("HEAD~1") == ("HEAD-1", "HEAD~1", {})
+    assert ab._variant("origin/kernel-skip") == ("origin-kernel-skip", "origin/kernel-skip", {})
+    assert ab._variant("new=abc123") == ("new", "abc123", {})
+
+
+def test_variant_plan_options():
+    assert ab._variant("g=main:skip=gather,nt=3") == ("g", "main", {"skip": "gather", "nt": 3})
+    assert ab._variant("p=main:skip=false,nsplit=none") == ("p", "main", {"skip": False, "nsplit": None})
+    assert ab._variant("main:skip=true") == ("main", "main", {"skip": True})
+    for bad in ("a=main:warps=8", "a=main:skip"):
+        with pytest.raises(SystemExit, match="KEY=VALUE"):
+            ab._variant(bad)
 
 
 def test_shapes_are_the_quick_set_and_the_deep_trees():
@@ -89,8 +98,10 @@ def test_table_without_rows_says_so(tmp_path):
 @needs_git
 @pytest.mark.skipif(backends.unavailable("cuda") is not None, reason=backends.unavailable("cuda") or "")
 def test_times_two_variants_on_the_gpu(tmp_path):
-    ab.export(tmp_path, ["a=HEAD", "b=HEAD"])
+    ab.export(tmp_path, ["a=HEAD", "b=HEAD:nt=2,nsplit=1"])
     assert ab.time_all(tmp_path, "1x21 q9 H8", rounds=2, budget_s=0.05) == 0
     rows = [json.loads(line) for line in (tmp_path / "times.jsonl").read_text().splitlines()]
     assert sorted((r["variant"], r["round"]) for r in rows) == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
     assert all(r["us"] > 0 and r["module"].startswith("mla_tc-") for r in rows)
+    assert {r["module"].split("-")[1] for r in rows if r["variant"] == "b"} == {"nt2"}  # its options reached the plan
+    assert "b (" in ab.table(tmp_path) and "nt=2,nsplit=1" in ab.table(tmp_path)

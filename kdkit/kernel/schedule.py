@@ -108,25 +108,36 @@ def choose(bs: int, rows: int, max_kv_len: int, sm_count: int, total_rows: int,
     return best
 
 
-# The skip build (spec.KernelConfig.skip) streams only the draft steps that some row of a block
-# sees. It pays for that with a pass over the block's mask rows before its first tile (one or two
-# memory latencies on the way in) and a step table in its loop. Measured on the H200 (graph
-# replay, H 8, ddtree, 2026-12-01: benchmarks/ab/nvidia-h200-20261201-skip-ilp.jsonl, the kernel
-# of ffb51f3 against the same with the skip in every build): 1 x 21 at q_len 257 took 24.0 us
-# against 37.2, but every q_len 9 shape was 2-7% slower (1 x 1K 15.8 against 14.7 us, 1 x 32K
-# 45.7 against 43.1, 1 x 128K 130 against 122) and 1 x 21 at q_len 64 1.6% slower. So the
-# plan takes it only where the draft is most of the KV: a mask, at least 3 draft steps, and at
-# least half of the longest request's steps draft.
+# The skip builds (spec.KernelConfig.skip) stream less than every step of a split's draft.
+# - The step skip (True) streams only the draft steps some row of a block sees. It pays a pass over
+#   the block's mask rows before its first tile and a step table in its loop: with the skip in
+#   every build every q_len 9 shape was 2-7% slower (benchmarks/ab/nvidia-h200-20261201-skip-ilp.jsonl).
+# - The column gather ("gather", up to GATHER_MAX_NT n-tiles at 8 warps) streams only the columns
+#   some row of a block sees, packed 32 to a tile; its smaller blocks read the prefix more often.
+# Measured on the H200 (graph replay, ddtree, one plan per build, benchmarks/ab/
+# nvidia-h200-20261201-builds.txt; us plain / step skip / gather):
+#   prefix 21 (draft steps D >= half the steps S): 1 x q257 H8 37.3 / 25.5 / 18.9,
+#     8 x q257 H16 249 / 135 / 123, 1 x q64 H16 13.0 / 12.8 / 12.0, 1 x q64 H8 11.8 / 12.0 / 11.7
+#   prefix 1K, q257 (D 9 of S 41): bs 1 68.2 / 59.2 / 54.9, bs 8 362 / 303 / 345,
+#     bs 32 1160 / 983 / 1201, bs 1 H16 92.2 / 88.3 / 105
+#   prefix 8K, q257 (D 9 of 265): bs 4 830 / 844 / 1102; q64 at 1K and up (D 2):
+#     the plain build fastest everywhere (1 x 32K 183 / 201 / 274).
+# So: the gather where the draft is at least half the steps, the step skip where it is at least
+# a tenth (and at least SKIP_MIN_DRAFT_STEPS), else the plain build.
 SKIP_MIN_DRAFT_STEPS = 3
+SKIP_MIN_DRAFT_FRAC = 0.1
 
 
 def choose_skip(max_q_len: int, max_kv_len: int, masked: bool, nt: int = 1, nh: int = 1) -> bool | str:
-    """False, True (the step skip) or "gather" (the visible columns, packed: up to
-    spec.GATHER_MAX_NT n-tiles at 8 warps; NOT yet measured against the step skip)."""
-    draft = cdiv(max_q_len, BLOCK_N)
-    if not (masked and draft >= SKIP_MIN_DRAFT_STEPS and 2 * draft >= cdiv(max_kv_len, BLOCK_N)):
+    """False (the plain build), True (the step skip) or "gather" (only where nt <= GATHER_MAX_NT
+    and 8 warps; choose_launch re-chooses the block size for it)."""
+    if not masked:
         return False
-    return "gather" if nt <= GATHER_MAX_NT and nh == 1 else True
+    draft, steps = cdiv(max_q_len, BLOCK_N), cdiv(max_kv_len, BLOCK_N)
+    step_skip = draft >= SKIP_MIN_DRAFT_STEPS and draft >= SKIP_MIN_DRAFT_FRAC * steps
+    if steps >= 2 and 2 * draft >= steps:
+        return "gather" if nt <= GATHER_MAX_NT and nh == 1 else step_skip
+    return step_skip
 
 
 def choose_launch(bs: int, rows: int, max_q_len: int, max_kv_len: int, sm_count: int, total_rows: int,
@@ -134,20 +145,18 @@ def choose_launch(bs: int, rows: int, max_q_len: int, max_kv_len: int, sm_count:
                   nt_fixed: bool | None = None) -> tuple[int, int, bool | str]:
     """(n-tiles per block, splits, skip build) for a batch: the one choice the plan makes and the
     torch reference's split count follows (kdkit.probes places its planted keys by it). skip None:
-    choose_skip's; where that is a skip and the block size is free, the column gather at the block
-    size up to GATHER_MAX_NT that the launch model ranks first (NOT yet measured against the step
-    skip at the larger block). nt_fixed: the caller fixed nt (default: nt is not None)."""
+    choose_skip's, asked at the block size the gather allows where the caller left it free; where
+    the build is the gather and the block size is free, the block size up to GATHER_MAX_NT that the
+    launch model ranks first. nt_fixed: the caller fixed nt (default: nt is not None)."""
     nt_fixed = nt is not None if nt_fixed is None else nt_fixed
     nt, ns = choose(bs, rows, max_kv_len, sm_count, total_rows, nt=nt, nsplit=nsplit)
-    auto_skip = skip is None
-    if auto_skip:
-        skip = choose_skip(max_q_len, max_kv_len, masked, nt, nh)
-    if not nt_fixed and nh == 1 and ((auto_skip and skip is True) or (skip == "gather" and nt > GATHER_MAX_NT)):
+    if skip is None:
+        skip = choose_skip(max_q_len, max_kv_len, masked, nt if nt_fixed else 1, nh)
+    if skip == "gather" and not nt_fixed and nt > GATHER_MAX_NT:
         options = [choose(bs, rows, max_kv_len, sm_count, total_rows, nt=t, nsplit=nsplit)
                    for t in range(1, GATHER_MAX_NT + 1)]
         nt, ns = min(options, key=lambda o: (modelled_us(bs, blocks_per_request(rows, o[0]), max_kv_len, o[0], o[1],
                                                          sm_count), -o[0]))
-        skip = "gather"
     return nt, ns, skip
 
 
