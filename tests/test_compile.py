@@ -97,15 +97,22 @@ def test_gather_builds_fit():
 
 def test_choose_launch_takes_the_gather_where_the_block_size_is_free():
     """Deep trees at a short prefix: the column gather at <= GATHER_MAX_NT n-tiles, even where the
-    plain choice is 40 rows (1 x 21, q_len 257, H 16); a fixed block size or 16 warps keep the
-    step skip; no mask, no skip; the caller's skip and split count are kept."""
+    plain choice is 40 rows (1 x 21, q_len 257, H 16) or 8 (H 8: 16 rows fill one wave); a fixed
+    block size or 16 warps keep the step skip; no mask, no skip; the caller's skip and split count
+    are kept."""
     rows16 = 257 * 16
     assert schedule.choose(1, rows16, 278, 132, rows16)[0] == 5
     nt, ns, skip = schedule.choose_launch(1, rows16, 257, 278, 132, rows16, True)
     assert skip == "gather" and nt <= vk.GATHER_MAX_NT
+    rows8 = 257 * 8  # plain: 8 rows (257 blocks, two waves); the gather weighs 16 and 24 too: one wave
+    assert schedule.choose(1, rows8, 278, 132, rows8) == (1, 1)
+    assert schedule.choose_launch(1, rows8, 257, 278, 132, rows8, True) == (2, 1, "gather")
     assert schedule.choose_launch(1, rows16, 257, 278, 132, rows16, True, nt=5)[2] is True
     assert schedule.choose_launch(1, rows16, 257, 278, 132, rows16, True, nt=5, nh=2, nt_fixed=False)[2] is True
     assert schedule.choose_launch(1, rows16, 257, 278, 132, rows16, False)[2] is False
+    rows64 = 64 * 8  # 8 x 21, q_len 64: 2 draft steps; the plain plan's 40 rows stay (gather unmeasured there)
+    assert schedule.choose_launch(8, rows64, 64, 85, 132, 8 * rows64, True) == (*schedule.choose(8, rows64, 85, 132, 8 * rows64), False)
+    assert schedule.choose_launch(1, rows64, 64, 85, 132, rows64, True) == (1, 1, "gather")  # 1 x 21: 8 rows already
     assert schedule.choose_launch(1, 72, 9, 32777, 132, 72, True) == (*schedule.choose(1, 72, 32777, 132, 72), False)
     assert schedule.choose_launch(1, rows16, 257, 278, 132, rows16, True, skip=True, nsplit=2)[1:] == (2, True)
 
@@ -120,6 +127,8 @@ def test_choose_skip():
     assert not schedule.choose_skip(257, 21 + 257, False)     # no mask: nothing to skip beyond causal
     assert schedule.choose_skip(64, 21 + 64, True) == "gather"  # 2 draft steps of 3
     assert not schedule.choose_skip(64, 21 + 64, True, nt=5)  # the step skip: 2 draft steps measured slower
+    assert schedule.choose_skip(257, 21 + 257, True, nt=5, nt_free=True) == "gather"  # at a smaller block
+    assert not schedule.choose_skip(64, 21 + 64, True, nt=5, nt_free=True)  # 2 draft steps: not at a smaller one
     assert not schedule.choose_skip(9, 21 + 9, True)          # one step: nothing to leave out
     assert not schedule.choose_skip(9, 1024 + 9, True)
     assert not schedule.choose_skip(64, 1024 + 64, True)

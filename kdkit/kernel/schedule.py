@@ -128,15 +128,20 @@ SKIP_MIN_DRAFT_STEPS = 3
 SKIP_MIN_DRAFT_FRAC = 0.1
 
 
-def choose_skip(max_q_len: int, max_kv_len: int, masked: bool, nt: int = 1, nh: int = 1) -> bool | str:
-    """False (the plain build), True (the step skip) or "gather" (only where nt <= GATHER_MAX_NT
-    and 8 warps; choose_launch re-chooses the block size for it)."""
+def choose_skip(max_q_len: int, max_kv_len: int, masked: bool, nt: int = 1, nh: int = 1,
+                nt_free: bool = False) -> bool | str:
+    """False (the plain build), True (the step skip) or "gather": at 8 warps, at the plain plan's
+    block size nt where that is at most GATHER_MAX_NT n-tiles, or at a smaller one (nt_free:
+    choose_launch re-chooses it) where the draft is at least SKIP_MIN_DRAFT_STEPS steps (with
+    fewer, the gather's smaller blocks were measured only at 1 x 21, q_len 64, where the plain
+    plan's blocks are 8 rows already)."""
     if not masked:
         return False
     draft, steps = cdiv(max_q_len, BLOCK_N), cdiv(max_kv_len, BLOCK_N)
     step_skip = draft >= SKIP_MIN_DRAFT_STEPS and draft >= SKIP_MIN_DRAFT_FRAC * steps
-    if steps >= 2 and 2 * draft >= steps:
-        return "gather" if nt <= GATHER_MAX_NT and nh == 1 else step_skip
+    if steps >= 2 and 2 * draft >= steps and nh == 1:
+        if nt <= GATHER_MAX_NT or (nt_free and draft >= SKIP_MIN_DRAFT_STEPS):
+            return "gather"
     return step_skip
 
 
@@ -145,14 +150,16 @@ def choose_launch(bs: int, rows: int, max_q_len: int, max_kv_len: int, sm_count:
                   nt_fixed: bool | None = None) -> tuple[int, int, bool | str]:
     """(n-tiles per block, splits, skip build) for a batch: the one choice the plan makes and the
     torch reference's split count follows (kdkit.probes places its planted keys by it). skip None:
-    choose_skip's, asked at the block size the gather allows where the caller left it free; where
-    the build is the gather and the block size is free, the block size up to GATHER_MAX_NT that the
-    launch model ranks first. nt_fixed: the caller fixed nt (default: nt is not None)."""
+    choose_skip's. Where the build is the gather and the caller left the block size free, the
+    block size up to GATHER_MAX_NT that the launch model ranks first (choose weighs only 8 rows
+    and the fewest blocks). At 1 x 21, q_len 257, H 8 that is 16 rows, 129 blocks in one wave,
+    modelled 15.1 us against 21.3 at 8 rows in two waves (NOT yet measured: 8 rows took 18.9 us).
+    nt_fixed: the caller fixed nt (default: nt is not None)."""
     nt_fixed = nt is not None if nt_fixed is None else nt_fixed
     nt, ns = choose(bs, rows, max_kv_len, sm_count, total_rows, nt=nt, nsplit=nsplit)
     if skip is None:
-        skip = choose_skip(max_q_len, max_kv_len, masked, nt if nt_fixed else 1, nh)
-    if skip == "gather" and not nt_fixed and nt > GATHER_MAX_NT:
+        skip = choose_skip(max_q_len, max_kv_len, masked, nt, nh, nt_free=not nt_fixed)
+    if skip == "gather" and not nt_fixed:
         options = [choose(bs, rows, max_kv_len, sm_count, total_rows, nt=t, nsplit=nsplit)
                    for t in range(1, GATHER_MAX_NT + 1)]
         nt, ns = min(options, key=lambda o: (modelled_us(bs, blocks_per_request(rows, o[0]), max_kv_len, o[0], o[1],
