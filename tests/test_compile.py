@@ -89,8 +89,8 @@ def test_gather_builds_fit():
     for mutant in sorted(mutants.MUTANTS):
         rep = vk.compile_report("sm_120", vk.KernelConfig(nt=vk.GATHER_MAX_NT, skip="gather", mutant=mutant))
         assert rep.breaches() == [], (mutant, rep.table())
-    with pytest.raises(ValueError, match="skip='gather' with nt=4"):
-        vk.KernelConfig(nt=4, skip="gather")
+    with pytest.raises(ValueError, match="skip='gather' with nt=5"):
+        vk.KernelConfig(nt=5, skip="gather")
     with pytest.raises(ValueError, match="skip='cols'"):
         vk.KernelConfig(skip="cols")
 
@@ -104,7 +104,7 @@ def test_choose_launch_takes_the_gather_where_the_block_size_is_free():
     assert schedule.choose(1, rows16, 278, 132, rows16)[0] == 5
     nt, ns, skip = schedule.choose_launch(1, rows16, 257, 278, 132, rows16, True)
     assert skip == "gather" and nt <= vk.GATHER_MAX_NT
-    rows8 = 257 * 8  # plain: 8 rows (257 blocks, two waves); the gather weighs 16 and 24 too: one wave
+    rows8 = 257 * 8  # plain: 8 rows (257 blocks, two waves); the gather weighs 16 to 32 too: one wave
     assert schedule.choose(1, rows8, 278, 132, rows8) == (1, 1)
     assert schedule.choose_launch(1, rows8, 257, 278, 132, rows8, True) == (2, 1, "gather")
     assert schedule.choose_launch(1, rows16, 257, 278, 132, rows16, True, nt=5)[2] is True

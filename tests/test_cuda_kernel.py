@@ -248,7 +248,7 @@ def _reversed_chain_case(q_len, layout):
 def test_mask_decides_under_causal(q_len, layout):
     case = _reversed_chain_case(q_len, layout)
     runs = [(f"skip {skip}, nt {nt}, nsplit {ns}", cuda.run(case, skip=skip, nt=nt, nsplit=ns))
-            for skip, nt in ((False, 1), (False, 5), (True, 1), (True, 5), ("gather", 1), ("gather", 3))
+            for skip, nt in ((False, 1), (False, 5), (True, 1), (True, 5), ("gather", 1), ("gather", 3), ("gather", 4))
             for ns in (None, 1)]
     _judge_each(case, runs)
 
@@ -274,11 +274,11 @@ def _deep_case(prefix, q_len, heads, tree, layout, seed):
 
 
 def _deep_runs(case, nsplits, nh2=True):
-    """The skip build at each split count (and with 16 warps), the gather build at 8 and 24 rows
-    per block, and the plan's own choice."""
+    """The skip build at each split count (and with 16 warps), the gather build at 8, 24 (a block
+    that ends inside a token at H 16) and 32 rows per block, and the plan's own choice."""
     runs = [(f"skip, nsplit {ns}", cuda.run(case, nsplit=ns, skip=True)) for ns in nsplits]
     runs += [(f"gather, nt {nt}, nsplit {ns}", cuda.run(case, nsplit=ns, nt=nt, skip="gather"))
-             for nt in (1, 3) for ns in nsplits]
+             for nt in (1, 3, 4) for ns in nsplits]
     runs.append(("the plan's choice", cuda.run(case)))
     if nh2:
         runs.append(("skip, 16 warps", cuda.run(case, nh=2, skip=True)))
@@ -352,7 +352,7 @@ def test_skipped_steps_are_not_read(prefix, tree, layout):
     assert first_col > 4
     poisoned = _poison_draft(clean, first_col)
     runs = []
-    for skip, nt in ((True, 1), (True, 5), ("gather", 1), ("gather", 3)):
+    for skip, nt in ((True, 1), (True, 5), ("gather", 1), ("gather", 3), ("gather", 4)):
         for nsplit in (1, 3) if tree == "causal" else (1,):
             a = cuda.run(clean, nt=nt, nsplit=nsplit, skip=skip)
             b = cuda.run(poisoned, nt=nt, nsplit=nsplit, skip=skip)
@@ -373,7 +373,7 @@ def test_mutants_fail_on_a_deep_tree(mutant, layout, skip):
     pass that read the true mask could leave out a column only the misread mask shows, and differ)."""
     case = to_layout(synth.make_case(bs=2, prefix=[21, 300], q_len=[129, 65], heads=8, tree="ddtree",
                                      seed=8), layout)
-    nt = 3 if skip == "gather" else None
+    nt = spec.GATHER_MAX_NT if skip == "gather" else None
     assert _judge(case, cuda.run(case, nsplit=3, skip=skip, nt=nt)).passed
     res = cuda.run(case, nsplit=3, mutant=mutant, skip=skip, nt=nt)
     v = _judge(case, res)
@@ -486,6 +486,18 @@ def test_rejects_seed_bugs():
         case = load(DATA / "failures" / name)
         with pytest.raises(kernel.InputError):
             _plan(case)
+
+
+def test_rejects_the_gather_where_its_end_mark_cannot_reach():
+    """Causal without a mask the gather's list is only its 16-bit end mark, which the causal rule can leave
+    q_len - 1 columns short of the split's end: q_len above 2^16 - 1 is refused, by name."""
+    dev = torch.device("cuda")
+    ind = dict(qo_indptr=torch.tensor([0, 70000], dtype=torch.int32, device=dev),
+               kv_indptr=torch.tensor([0, 0], dtype=torch.int32, device=dev),
+               kv_indices=torch.zeros(0, dtype=torch.int32, device=dev), num_heads=1, sm_scale=1.0, causal=True)
+    with pytest.raises(kernel.InputError, match="field 'skip'.*16-bit end mark"):
+        kernel.plan(**ind, skip="gather")
+    assert kernel.plan(**ind, skip=False).nsplit >= 1
 
 
 def test_rejects_bad_nsplit_and_mutant():

@@ -146,6 +146,9 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
                mip_t=mask_indptr.dtype if mask_indptr is not None else torch.int64)
     require(skip != "gather" or nt <= spec.GATHER_MAX_NT, "skip",
             f"'gather' with nt={nt}: the column list fits up to nt={spec.GATHER_MAX_NT} (skip=True at {nt})")
+    require(skip != "gather" or custom_mask is not None or not causal or int(max_q_len) <= spec.GATHER_NOMASK_MAX_Q,
+            "skip", f"'gather', causal without a mask, at max_q_len {max_q_len}: its list's 16-bit end mark covers "
+            f"q_len up to {spec.GATHER_NOMASK_MAX_Q} (without a mask there is nothing to gather: skip=False)")
     try:
         cfg = spec.KernelConfig(nt=nt, mutant=mutant, nh=nh, skip=skip, **idx)
     except (KeyError, ValueError) as e:

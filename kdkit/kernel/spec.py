@@ -26,7 +26,11 @@ MAX_SPLITS = 256             # KV splits per request at most: the merge kernel's
 NT_CHOICES = (1, 2, 3, 4, 5)  # query n-tiles of 8 rows per block; 5 is the most that fits 99 KB
 DEFAULT_NT = 4
 SKIP_CHOICES = (False, True, "gather")  # the step skip: none, whole steps, visible columns
-GATHER_MAX_NT = 3             # the gather's column list (8.7 KB) fits beside the 24-row block, not the 32-row
+GATHER_MAX_NT = 4             # the gather's column list (4.3 KB, 16-bit entries) fits beside the 32-row block, not the 40-row
+# Causal without a mask the gather's list is only its end mark, a 16-bit offset past the block's last
+# streamed step; the causal rule can end that step up to q_len - 1 columns before the split's end,
+# so the mark lies past the split's end only for q_len below 2^16 (a review of the 16-bit list)
+GATHER_NOMASK_MAX_Q = 0xFFFF
 NH_CHOICES = (1, 2)           # query halves: 1 -> 8 warps per block, 2 -> 16 warps (nt >= 2, <= 128 registers;
                               # slower on the H200, see schedule.py: a choice to measure on other GPUs)
 DL, DR = KV_LORA_RANK, QK_ROPE_HEAD_DIM  # latent (= value) dims and rope dims of an MLA KV row
@@ -40,7 +44,7 @@ class KernelConfig:
     mutant: str | None = None
     nh: int = 1               # 16 warps per block when 2 (each QK/softmax/PV warp takes half the work)
     skip: bool | str = False  # stream only the draft steps some row of a block sees (schedule.choose_skip);
-                              # "gather": only their visible columns, packed into tiles (nt <= 3)
+                              # "gather": only their visible columns, packed into tiles (nt <= GATHER_MAX_NT)
     qo_t: torch.dtype = torch.int32
     kvp_t: torch.dtype = torch.int32
     kvi_t: torch.dtype = torch.int32

@@ -110,21 +110,22 @@ using bf16 = __nv_bfloat16;
 // 64-bit vote word): 2048 draft columns; a split with more streams every step (correct, not skipped)
 #define KD_SKIP_MAX 64
 
-// the gather's column list: every column of the 64 candidate steps, then 3 tiles of kv_end (the
-// rest of the last tile and the look-ahead past it: the furthest read, 3 steps ahead of the step
-// before the last, is entry ncols + 94 at most)
+// the gather's column list, 16-bit entries: every column of the 64 candidate steps, then 3 tiles of
+// KD_COL_END (the rest of the last tile and the look-ahead past it: the furthest read, 3 steps ahead
+// of the step before the last, is entry ncols + 94 at most)
 #define KD_COL_CAP (KD_SKIP_MAX * KD_BN + 3 * KD_BN)
+#define KD_COL_END 0xFFFFu              // the column list's end: a position past kv_end
 
 // dynamic shared memory, bytes: KV ring | partial scores | P | rescale per column | token per column
 // | the block's row count (for the epilogue) | the skip table: the starts of the visible draft
-// steps, then 3 x kv_end (KD_SKIP 1), or the visible columns, then kv_end (KD_SKIP 2)
+// steps, then 3 x kv_end (KD_SKIP 1), or the visible columns' offsets, then KD_COL_END (KD_SKIP 2)
 #define KD_STAGE_BYTES (KD_BN * KD_ROW_BYTES)
 #define KD_OFF_S (KD_STAGES * KD_STAGE_BYTES)
 #define KD_OFF_P (KD_OFF_S + KD_KG * KD_NQ * KD_SPITCH * 4)
 #define KD_OFF_ALPHA (KD_OFF_P + KD_NQ * KD_PPITCH * 2)
 #define KD_OFF_TOK (KD_OFF_ALPHA + KD_NQ * 4)
 #define KD_OFF_TAB (KD_OFF_TOK + KD_NQ * 4)
-#define KD_SMEM_BYTES (KD_OFF_TAB + 16 + (KD_GATHER ? KD_COL_CAP * 4 : KD_SKIP ? (KD_SKIP_MAX + 3) * 4 : 0))
+#define KD_SMEM_BYTES (KD_OFF_TAB + 16 + (KD_GATHER ? KD_COL_CAP * 2 : KD_SKIP ? (KD_SKIP_MAX + 3) * 4 : 0))
 #define KD_OPITCH (KD_DL + 4)           // epilogue's O tile pitch (fp32): fragment stores conflict-free
 
 static_assert(KD_SMEM_BYTES <= KD_SMEM_LIMIT, "shared memory per block exceeds sm_120's 99 KB");
@@ -144,6 +145,7 @@ static_assert(3 * KD_NQ * 4 + KD_NQ * 8 <= KD_NQ * KD_PPITCH * 2 && KD_OFF_P % 8
 static_assert(KD_OPITCH % 32 == 4, "O tile stores: bank 8t + 4c + g, no conflict");
 static_assert(KD_SKIP_MAX == 64 && KD_WARPS * 8 <= KD_NQ * KD_PPITCH * 2,
               "the skip pass: 64 candidate steps, each warp's 64-bit vote word in the P tile until the first step");
+static_assert(KD_SKIP_MAX * KD_BN <= KD_COL_END, "a column's offset in the candidate steps fits 16 bits, below the end mark");
 static_assert(!KD_GATHER || KD_SKIP_MAX * 4 <= KD_NQ * KD_PPITCH * 2,
               "the gather pass: a 32-bit column word per candidate step in the P tile until the first step");
 
@@ -234,9 +236,15 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   int* sTab = sRows + 4;
   if (tid == 0) *sRows = nrows;  // (published by the barriers before the loop)
 #if KD_GATHER
-  // row r of step k: in order for k < nlin, else entry 32 (k - nlin) + r of the column list
-  if (ncand == 0 && tid < 3 * KD_BN) sTab[tid] = kv_end;
-  auto pos_of = [&](int k, int r) -> int { return k < nlin ? kv_begin + k * KD_BN + r : sTab[(k - nlin) * KD_BN + r]; };
+  // row r of step k: in order for k < nlin, else entry 32 (k - nlin) + r of the column list. An
+  // entry is 16 bits (half the list's shared memory: the 32-row block fits beside it): a column's
+  // offset from the first candidate step's start (below 32 KD_SKIP_MAX), or KD_COL_END, which
+  // reads as a position past kv_end (every reader of a position tests >= kv_end, never == kv_end)
+  unsigned short* sCol = reinterpret_cast<unsigned short*>(sTab);
+  if (ncand == 0 && tid < 3 * KD_BN) sCol[tid] = KD_COL_END;
+  auto pos_of = [&](int k, int r) -> int {
+    return k < nlin ? kv_begin + k * KD_BN + r : kv_begin + nlin * KD_BN + sCol[(k - nlin) * KD_BN + r];
+  };
   auto step_start = [&](int k) -> int { return pos_of(k, 0); };
 #elif KD_SKIP
   if (ncand == 0 && tid < 3) sTab[tid] = kv_end;
@@ -449,9 +457,9 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     for (int c = warp; c < ncand; c += KD_WARPS) {  // warp-uniform
       const kd_u32 cw = __shfl_sync(0xffffffffu, c < 32 ? wa : wb, c & 31);
       const int off = __shfl_sync(0xffffffffu, c < 32 ? oa : ob, c & 31);
-      if ((cw >> lane) & 1u) sTab[off + __popc(cw & ((1u << lane) - 1u))] = kv_begin + (nlin + c) * KD_BN + lane;
+      if ((cw >> lane) & 1u) sCol[off + __popc(cw & ((1u << lane) - 1u))] = static_cast<unsigned short>(c * KD_BN + lane);
     }
-    if (tid < 3 * KD_BN) sTab[ncols + tid] = kv_end;  // the last tile's rest and the look-ahead
+    if (tid < 3 * KD_BN) sCol[ncols + tid] = KD_COL_END;  // the last tile's rest and the look-ahead
     // the prologue's steps 1, 2 where they are gathered (nlin >= 1 here), their indices in flight
     // before Q's fragments fill the registers: the list is published by one more barrier
     __syncthreads();
