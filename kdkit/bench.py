@@ -17,7 +17,9 @@ Output: one JSON file per run, benchmarks/results/<gpu>-<date>.json:
 {"gpu", "sms", "copy_gbps", "mma_tflops", "driver", "versions", "date", "rows": [{backend, bs,
 prefix, q_len, heads, nsplit, nsplit_auto, graph, us, gbps, floor_us, roofline_frac,
 speedup_vs_triton, host_us, and for cuda the build that ran: module, e.g.
-"mla_tc-nt5-...-skip1-sm_90-<hash>" (block size, warps, step skip)}], "skipped", "complete"};
+"mla_tc-nt5-...-skip1-sm_90-<hash>" (block size, warps, step skip); sm_mhz and power_w, the
+medians of the GPU's SM clock and power sampled while the row was timed (kdkit/clocks.py;
+absent where nvidia-smi is not)}], "skipped", "complete"};
 the file is rewritten after every shape, so a run cut short keeps what it measured ("complete": false, and "stopped": why). The grid and the
 --quick subset are the "bench" and "bench-quick" sets of kdkit/shapes.json.
 """
@@ -34,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from . import clocks as _clocks
 from . import shapes as _shapes
 from .constants import QK_DIM as D, V_HEAD_DIM as DV
 
@@ -260,26 +263,44 @@ def _why(e: Exception) -> str:
     return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
 
 
-def _row(backend, shape, us, ceil, nsplit=None, auto=False, graph=False, host_us=None, module=None):
+def _row(backend, shape, us, ceil, nsplit=None, auto=False, graph=False, host_us=None, module=None, clock=None):
+    """clock: the SM clock and power while `us` was measured ({"sm_mhz", "power_w"}, or none)."""
     floor = max(shape.nbytes() / ceil["copy_gbps"] / 1e3, shape.flops() / ceil["mma_tflops"] / 1e6)
     return {"backend": backend, "bs": shape.bs, "prefix": shape.prefix, "q_len": shape.q_len,
             "heads": shape.heads, "nsplit": nsplit, "nsplit_auto": auto, "graph": graph,
             "us": round(us, 2), "gbps": round(shape.nbytes() / us / 1e3, 1), "floor_us": round(floor, 3),
             "roofline_frac": round(floor / us, 4), "speedup_vs_triton": None,
-            "host_us": None if host_us is None else round(host_us, 1), **({"module": module} if module else {})}
+            "host_us": None if host_us is None else round(host_us, 1), **({"module": module} if module else {}),
+            **(clock or {})}
 
 
 def run_grid(shapes, backends=BACKENDS, nsplits=(), graph=True, progress=True, device="cuda",
-             on_shape=None) -> dict:
+             on_shape=None, clocks=True) -> dict:
     """Measure every (shape, backend); returns the results dict (see the module's docstring).
     on_shape(results so far, "complete": false) is called after each shape, so that a caller can
     keep what was measured when a later shape ends the process (a timeout, or a CUDA fault that
-    leaves the context unusable)."""
+    leaves the context unusable). clocks: sample the SM clock and power (kdkit/clocks.py)."""
+    sampler = _clocks.ClockSampler(_clocks.gpu_id(device)).start() if clocks else None
+    try:
+        return _run_grid(shapes, backends, nsplits, graph, progress, device, on_shape, sampler)
+    finally:
+        if sampler is not None:
+            sampler.stop()
+
+
+def _run_grid(shapes, backends, nsplits, graph, progress, device, on_shape, sampler) -> dict:
     from tqdm.auto import tqdm
 
     from . import backends as _backends
     dev = torch.device(device)
     timer = Timer(dev)
+
+    def row(b, shape, fn, *args, budget_s: float = 1.0, **kw):  # timed, with the clock meanwhile
+        t0 = time.monotonic()
+        us = timer.us(fn, budget_s=budget_s)
+        clock = sampler.window(t0, time.monotonic()) if sampler is not None else {}
+        return _row(b, shape, us, ceil, *args, clock=clock, **kw)
+
     ceil = {"copy_gbps": copy_gbps(timer, dev), "mma_tflops": mma_tflops(timer, dev)}
     rows, skipped = [], {}
     header = {"gpu": torch.cuda.get_device_name(dev), "sms": torch.cuda.get_device_properties(dev).multi_processor_count,
@@ -302,27 +323,27 @@ def run_grid(shapes, backends=BACKENDS, nsplits=(), graph=True, progress=True, d
                     from .backends import cuda
                     x = cuda.to_device(case)
                     fn, p = cuda_launcher(case, x)
-                    shape_rows.append(_row(b, shape, timer.us(fn), ceil, p.nsplit, auto=True,
-                                           host_us=timer.host_us(fn), module=p.key))
+                    first = row(b, shape, fn, p.nsplit, auto=True, module=p.key)
+                    first["host_us"] = round(timer.host_us(fn), 1)  # (after the GPU timing, as before)
+                    shape_rows.append(first)
                     if graph:
-                        shape_rows.append(_row(b, shape, timer.us(graph_of(fn)), ceil, p.nsplit, True, True,
-                                               module=p.key))
+                        shape_rows.append(row(b, shape, graph_of(fn), p.nsplit, True, True, module=p.key))
                     for ns in swept_nsplits(shape, nsplits, auto=p.nsplit):
                         try:  # one split count failing keeps the shape's other rows
                             fn2, p2 = cuda_launcher(case, x, nsplit=ns)
-                            shape_rows.append(_row(b, shape, timer.us(fn2), ceil, p2.nsplit, module=p2.key))
+                            shape_rows.append(row(b, shape, fn2, p2.nsplit, module=p2.key))
                         except Exception as e:
                             skipped[f"cuda {shape.label} nsplit {ns}"] = _why(e)
                     del x
                 elif b == "triton_sglang":
-                    shape_rows.append(_row(b, shape, timer.us(triton_extend_launcher(case)), ceil))
+                    shape_rows.append(row(b, shape, triton_extend_launcher(case)))
                 elif b == "triton_decode":
-                    shape_rows.append(_row(b, shape, timer.us(triton_decode_launcher(case)), ceil))
+                    shape_rows.append(row(b, shape, triton_decode_launcher(case)))
                 elif b == "torch":
                     if shape.bs * shape.q_len * shape.heads * (shape.prefix + shape.q_len) > 4e9:
                         skipped["torch"] = "eager scores above 4e9 elements are left out (minutes per call)"
                         continue
-                    shape_rows.append(_row(b, shape, timer.us(torch_launcher(case), budget_s=2.0), ceil))
+                    shape_rows.append(row(b, shape, torch_launcher(case), budget_s=2.0))
             except Exception as e:  # one backend failing on one shape must not lose the run
                 skipped[f"{b} {shape.label}"] = _why(e)
             torch.cuda.empty_cache()
@@ -453,6 +474,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="fixed split counts to sweep for the cuda backend beside the automatic one ('' for none)")
     p.add_argument("--shapes", default="", help="only shapes whose label contains this text, e.g. '1x32768' (default: all)")
     p.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph replay timing")
+    p.add_argument("--no-clocks", action="store_true",
+                   help="do not sample the SM clock and power (nvidia-smi) while timing")
     p.add_argument("--out", default=str(RESULTS), help="directory for the JSON result file")
 
 
@@ -475,7 +498,8 @@ def main(args) -> int:
         return 1
     run = RunFile(Path(args.out))
     try:
-        res = run_grid(shapes, args.backends, args.nsplit, graph=not args.no_graph, on_shape=run.partial)
+        res = run_grid(shapes, args.backends, args.nsplit, graph=not args.no_graph, on_shape=run.partial,
+                       clocks=not args.no_clocks)
     except Exception as e:  # e.g. a CUDA fault: the context is lost, the shapes before it are not
         if run.last is None:
             print(f"kdkit bench: stopped before the first shape was measured ({_why(e)})", file=sys.stderr)

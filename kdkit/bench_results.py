@@ -4,7 +4,7 @@ select rows. The figures are in kdkit.plots; the measuring is kdkit.bench's.
 A results file is one GPU run (benchmarks/results/<gpu>-<date>.json):
     {"gpu", "sms", "copy_gbps", "mma_tflops", "driver", "versions", "date", "rows": [row, ...]}
     row = {backend, bs, prefix, q_len, heads, nsplit, nsplit_auto, graph, us, gbps, floor_us,
-           roofline_frac, speedup_vs_triton}
+           roofline_frac, speedup_vs_triton} and, where measured, host_us, module, sm_mhz, power_w
 The full grid is measured in slices (one `kdkit bench --shapes ...` per GPU command); combine()
 makes the slices one dict (with "slices": each slice's date, copy_gbps, mma_tflops).
 """

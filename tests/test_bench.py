@@ -321,3 +321,46 @@ def test_a_cuda_row_names_the_build_that_ran():
     key = "mla_tc-nt1-qoi32-kvpi32-kvii32-mipi64-pfxi64-skip1-sm_90-0123456789ab"
     assert bench._row("cuda", shape, 25.0, ceil, 1, auto=True, module=key)["module"] == key
     assert "module" not in bench._row("triton_decode", shape, 17.8, ceil)
+    clocked = bench._row("cuda", shape, 25.0, ceil, 1, clock={"sm_mhz": 1980, "power_w": 310.5})
+    assert (clocked["sm_mhz"], clocked["power_w"]) == (1980, 310.5)
+    assert "sm_mhz" not in bench._row("cuda", shape, 25.0, ceil, 1, clock={})
+
+
+# ---- the SM clock and power beside each row (kdkit/clocks.py) ---------------------------------------
+def test_clock_lines_and_windows():
+    """nvidia-smi's csv lines parsed (power may read [N/A]); a row gets the medians of the samples
+    taken while it was timed, nothing where none fell in its window."""
+    from kdkit import clocks
+    assert clocks.parse("1980, 312.45\n") == (1980.0, 312.45)
+    assert clocks.parse("1755, [N/A]") == (1755.0, None)
+    assert clocks.parse("No devices were found") is None and clocks.parse("[N/A], 300") is None
+    s = clocks.ClockSampler()
+    for t, line in [(1.0, "1980, 100"), (1.1, "1980, 120"), (1.2, "1500, 400"), (1.3, "1500, 420"),
+                    (1.4, "1500, [N/A]"), (2.0, "garbage")]:
+        s.add(t, line)
+    assert s.window(0.95, 1.15) == {"sm_mhz": 1980, "power_w": 110.0}
+    assert s.window(1.15, 1.45) == {"sm_mhz": 1500, "power_w": 410.0}
+    assert s.window(1.35, 1.45) == {"sm_mhz": 1500}  # no power reading in it
+    assert s.window(1.5, 3.0) == {}
+
+
+def test_clock_sampler_without_nvidia_smi_samples_nothing(monkeypatch):
+    """Where nvidia-smi is not on PATH the run goes on and its rows carry no clock."""
+    from kdkit import clocks
+    monkeypatch.setenv("PATH", "")
+    with clocks.ClockSampler() as s:
+        pass
+    assert s.samples == [] and s.window(0, float("inf")) == {}
+
+
+@pytest.mark.gpu
+def test_clock_sampler_reads_the_gpu():
+    """On a GPU host: samples arrive (nvidia-smi for the torch device, by UUID) with a clock."""
+    import time
+
+    from kdkit import clocks
+    with clocks.ClockSampler(clocks.gpu_id(torch.device("cuda"))) as s:
+        t0 = time.monotonic()
+        time.sleep(0.5)
+        w = s.window(t0, time.monotonic())
+    assert w.get("sm_mhz", 0) > 0, (s.samples[:3], w)
