@@ -242,7 +242,15 @@ def test_capture_without_a_dir_uses_the_bundled_cases(tmp_path):
     assert sorted(r["file"] for r in res["rows"]) == sorted(c["path"] for c in manifest["cases"])
     for c in manifest["cases"]:
         row = next(r for r in res["rows"] if r["file"] == c["path"])
-        assert (row["verdict"] == "pass") == (c["expected_replay"] == "pass"), row
+        if (row["verdict"] == "pass") != (c["expected_replay"] == "pass"):
+            # (seen once, not reproduced: torch's LSE on ddtree-b64 at 29.9 fp32 units in a full
+            # run; say whether the same replay in this process agrees, with the untruncated reasons)
+            from kdkit import replay
+            from kdkit.case import load
+            again = replay.replay(load(DATA / c["path"]), ["oracle", "torch"])
+            pytest.fail(f"{c['path']}: the notebook's verdict {row['verdict']!r}, expected "
+                        f"{c['expected_replay']!r}; the same replay here: "
+                        + "; ".join(f"{r.backend} {r.status} {r.reason}" for r in again.rows))
 
 
 def test_failures_gallery(tmp_path):
