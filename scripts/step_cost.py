@@ -76,9 +76,8 @@ def main(argv=None) -> int:
             for ns in args.nsplits:
                 points, blocks, t0 = [], None, time.monotonic()
                 for p in args.prefixes:
-                    plan = cuda.plan_case(cases[p], xs[p], nsplit=ns)
-                    x = xs[p]
-                    fn = graph_of_run(plan, x)
+                    run, plan = bench.cuda_launcher(cases[p], xs[p], nsplit=ns)
+                    fn = bench.graph_of(run)
                     points.append((steps_per_split(p + args.q_len, plan.nsplit), timer.us(fn, budget_s=args.budget_s)))
                     blocks = plan.grid[0] * plan.grid[1] * plan.grid[2]
                 a, b = fit(points)
@@ -89,11 +88,6 @@ def main(argv=None) -> int:
             del xs
             torch.cuda.empty_cache()
     return 0
-
-
-def graph_of_run(plan, x):
-    from kdkit import kernel
-    return bench.graph_of(lambda: kernel.run(plan, x["q"], x["k"], x["v"], x["kv_buffer"]))
 
 
 if __name__ == "__main__":
