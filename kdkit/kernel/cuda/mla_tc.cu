@@ -285,8 +285,13 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     return pos < pool_len ? pool + static_cast<kd_i64>(idx) * p.kv_stride_row
                           : kg_ + static_cast<kd_i64>(qs + pos - pool_len) * p.k_stride_tok;
   };
+  // In the plain build the blocks holding a request's other rows stream the same steps: only the
+  // first of them (tile 0) pulls a step into L2, so L2 takes one prefetch per line, not one per
+  // sibling (13 at q_len 64, H 8); the others' copies find it there. (The skip builds' siblings may
+  // stream different steps: each pulls its own.)
+  const bool puller = loader && (KD_SKIP || tile == 0);
   auto prefetch_l2 = [&](const bf16* src) {
-    if (!loader || src == nullptr) return;  // 9 lines of 128 B per KV row: ld_c0 and, for ld_c0 0, line 8
+    if (!puller || src == nullptr) return;  // 9 lines of 128 B per KV row: ld_c0 and, for ld_c0 0, line 8
     asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src + ld_c0 * 64));
     if (ld_c0 == 0) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src + 8 * 64));
   };
