@@ -1,4 +1,5 @@
-"""What one KV step of kdkit's kernel costs as the GPU fills, with the pool's slots shuffled (as
+"""What one KV step of kdkit's kernel costs at each split count (the plan's own block size: its
+rows per block are printed beside the block count), with the pool's slots shuffled (as
 `kdkit bench` lays them out) and in order:
 
     python3 scripts/step_cost.py [--prefixes 65536,131072] [--nsplits 1,2,4,8,16,32,64] [--q-len 9] [--heads 8]
@@ -6,13 +7,14 @@
 For each split count, a batch of one request is timed (CUDA graph replay, kdkit.bench's timer: L2
 flushed before each call, median) at every prefix; the time per step and the fixed work are the
 line through those points (steps per split = ceil(ceil(KV / 32) / nsplit)). Blocks = row blocks
-x splits: the kernel's block count, which the README's "What a step measures" follows. Each line
+x splits: the kernel's block count; rows: query rows per block. The README's "What a KV step
+costs" reads this table (a step's cost follows the rows per block, not the block count). Each line
 also gives the SM clock and power sampled meanwhile (kdkit/clocks.py).
 
 Why the two slot orders: with shuffled slots every 1152-byte KV row sits on its own DRAM page
 and, across a 151 MB pool, its own TLB reach; in order, a step's 32 rows are 36 KB in a row. If
-the step slows as the GPU fills in one order and not the other, the cause is the rows' scatter,
-not the SMs' work.
+a step's cost differs between the two orders, the rows' scatter is part of it (on the H200 it is
+not: the same within 0.5%).
 """
 from __future__ import annotations
 
@@ -65,7 +67,7 @@ def main(argv=None) -> int:
     dev = torch.device("cuda")
     timer = bench.Timer(dev)
     print(f"{torch.cuda.get_device_name(dev)}, bs 1, q_len {args.q_len}, H {args.heads}, prefixes {args.prefixes}")
-    print(f"{'slots':>9} {'nsplit':>6} {'blocks':>6} " + " ".join(f"{f'us@{p}':>11}" for p in args.prefixes)
+    print(f"{'slots':>9} {'nsplit':>6} {'blocks':>6} {'rows':>4} " + " ".join(f"{f'us@{p}':>11}" for p in args.prefixes)
           + f" {'us/step':>8} {'fixed':>7} {'MHz':>5} {'W':>6}")
     with clocks.ClockSampler(clocks.gpu_id(dev)) as sampler:
         for shuffled in (True, False):
@@ -74,15 +76,16 @@ def main(argv=None) -> int:
                                          shuffle_slots=shuffled) for p in args.prefixes}
             xs = {p: cuda.to_device(c) for p, c in cases.items()}
             for ns in args.nsplits:
-                points, blocks, t0 = [], None, time.monotonic()
+                points, blocks, rows, t0 = [], None, None, time.monotonic()
                 for p in args.prefixes:
                     run, plan = bench.cuda_launcher(cases[p], xs[p], nsplit=ns)
                     fn = bench.graph_of(run)
                     points.append((steps_per_split(p + args.q_len, plan.nsplit), timer.us(fn, budget_s=args.budget_s)))
                     blocks = plan.grid[0] * plan.grid[1] * plan.grid[2]
+                    rows = plan.rows_per_cta
                 a, b = fit(points)
                 clk = sampler.window(t0, time.monotonic())
-                print(f"{'shuffled' if shuffled else 'in order':>9} {ns:>6} {blocks:>6} "
+                print(f"{'shuffled' if shuffled else 'in order':>9} {ns:>6} {blocks:>6} {rows:>4} "
                       + " ".join(f"{u:>11.2f}" for _, u in points)
                       + f" {a:>8.3f} {b:>7.1f} {clk.get('sm_mhz', '-'):>5} {clk.get('power_w', '-'):>6}", flush=True)
             del xs
