@@ -51,6 +51,10 @@ def blocks_per_request(rows: int, nt: int) -> int:
 # latency-bound: 5x the rows cost 1.9x the time); a block's fixed work (gathering Q, the epilogue,
 # the wait for its first tile) ~1.96 us per n-tile; the merge of the splits' partials ~5 us. Only
 # the ratios matter to the choice; they are the H200's (another GPU's would need its own sweep).
+# Measured apart (scripts/step_cost.py, benchmarks/ab/nvidia-h200-20261201-step-cost.txt) a step
+# costs 1.05 us at 8 rows and 1.60-1.63 at 40 (5x the rows, 1.55x the time): the fit puts more of
+# the rows' cost in the step and less in the fixed work; its choices stay within 1.029x of the
+# best fixed split count on the whole grid (README), so the constants stay.
 STEP_US = 0.70
 STEP_US_PER_NTILE = 0.27
 BLOCK_US_PER_NTILE = 1.96
