@@ -31,6 +31,14 @@ TEST_STAMP := $(VENV)/.kdkit-test
 endif
 KDKIT := $(if $(DEMO_STAMP),$(VENV)/bin/kdkit,$(PY) -m kdkit.cli)
 say = @echo "kdkit: $(1)"
+# Set-up refuses to start without the disk it needs (measured: .venv 2.8 GB, .venv-sglang 2.5 GB,
+# plus pip's unpacking room), rather than die halfway in pip with ENOSPC. NEED_DISK= skips the check.
+NEED_DISK ?= yes
+VENV_GB ?= 4
+SGLANG_ENV_GB ?= 3
+need_disk = @if [ -n "$(NEED_DISK)" ]; then avail=$$(df -Pk . | awk 'NR==2 {print $$4}'); \
+	if [ "$$avail" -lt $$(( $(1) * 1024 * 1024 )) ]; then \
+	  echo "kdkit: $(2) needs about $(1) GB free here; df shows $$(( avail / 1024 )) MB. Free some (pip cache purge; rm -rf ~/.cache/kdkit/jit; old clones), or NEED_DISK= to try anyway" >&2; exit 1; fi; fi
 comma := ,
 SG_STAMP := $(if $(strip $(SGLANG_ENV)),$(SGLANG_ENV)/.kdkit-installed,)
 
@@ -68,6 +76,7 @@ bundled: $(DEMO_STAMP)
 # rather than list the server's missing dependencies.
 ifneq ($(DEMO_STAMP),)
 $(DEMO_STAMP): pyproject.toml Makefile
+	$(call need_disk,$(VENV_GB),creating $(VENV))
 	$(call say,[1/4] creating $(VENV))
 	test -x $(VENV)/bin/python || python3 -m venv $(VENV)
 	$(call say,[2/4] installing torch 2.13.0)
@@ -91,6 +100,7 @@ endif
 
 ifneq ($(SG_STAMP),)
 $(SG_STAMP): pyproject.toml Makefile $(TEST_STAMP)
+	$(call need_disk,$(SGLANG_ENV_GB),creating $(SGLANG_ENV))
 	$(call say,[1/3] creating $(SGLANG_ENV) (SGLang $(SGLANG_NEWEST) for the capture plugin's tests) with torch 2.13.0)
 	test -x $(SGLANG_ENV)/bin/python || python3 -m venv $(SGLANG_ENV)
 	$(SGLANG_ENV)/bin/python -m pip install -q torch==2.13.0

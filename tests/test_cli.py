@@ -476,6 +476,19 @@ def test_make_test_on_the_host_python_sets_nothing_up():
             assert setup not in cmds, cmds
 
 
+def test_make_refuses_set_up_without_the_disk_it_needs(tmp_path):
+    """CI went red with pip's ENOSPC halfway through the set-up: now the set-up refuses first,
+    says how much it needs and what to free, and creates nothing."""
+    if shutil.which("make") is None:
+        pytest.skip("no make here")
+    venv = tmp_path / "venv"
+    p = subprocess.run(["make", "demo", f"VENV={venv}", "VENV_GB=100000000"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0
+    assert re.search(r"creating \S+venv needs about 100000000 GB free here; df shows \d+ MB", p.stderr), p.stderr
+    assert "NEED_DISK=" in p.stderr and not venv.exists()
+
+
 def test_replay_names_the_sglang_release(capsys, seed_case_path):
     """Issue 4's CPU check: replay through SGLang's kernel passes and says which release ran."""
     why = backends.unavailable("triton_sglang")

@@ -43,7 +43,7 @@ VARS = ("KDKIT_MODE", "KDKIT_DIR", "KDKIT_LAYERS", "KDKIT_FORWARD_MODES", "KDKIT
         "KDKIT_MAX_CASES", "KDKIT_MAX_BYTES", "KDKIT_MIN_FREE", "KDKIT_REL_THRESHOLD", "KDKIT_KERNEL",
         "KDKIT_MODEL")
 # KDKIT_* names the rest of the project reads (tests, tools): never taken for a misspelled setting
-OTHER_VARS = ("KDKIT_CACHE", "KDKIT_SGLANG_ENV", "KDKIT_SGLANG_SRC", "KDKIT_SWEEP", "KDKIT_SWEEP_TRITON",
+OTHER_VARS = ("KDKIT_CACHE", "KDKIT_CACHE_MB", "KDKIT_SGLANG_ENV", "KDKIT_SGLANG_SRC", "KDKIT_SWEEP", "KDKIT_SWEEP_TRITON",
               "KDKIT_TEST_DATA", "KDKIT_TEST_THREADS", "KDKIT_CHROMIUM", "KDKIT_PROPERTY_EXAMPLES",
               "KDKIT_FUZZ_FILES", "KDKIT_BROWSER_RUN_S")
 # A KDKIT_* name this close to a setting's (difflib ratio of the parts after KDKIT_) is a typo: it

@@ -171,6 +171,65 @@ def cache_dir() -> Path:
     return d
 
 
+# Every edit of a .cu is a new key, so a kernel engineer's cache only grows (a working week of
+# A/B builds and mutants reached 1.5 GB, 8,000 modules, on a disk CI shares). After each build
+# the least recently used modules go until the cache is under KDKIT_CACHE_MB (default 512 MB,
+# about 2,500 modules: several times what one full test run builds).
+CACHE_MB_DEFAULT = 512
+_CACHE_EXTS = (".cubin", ".ptx", ".log")
+
+
+def cache_limit_bytes() -> int:
+    raw = os.environ.get("KDKIT_CACHE_MB", "")
+    if not raw.strip():
+        return CACHE_MB_DEFAULT << 20
+    try:
+        mb = int(raw)
+    except ValueError:
+        raise BuildError(f"KDKIT_CACHE_MB={raw!r}: give the JIT cache's size bound as whole megabytes "
+                         f"(e.g. KDKIT_CACHE_MB={CACHE_MB_DEFAULT}), or unset it") from None
+    if mb <= 0:
+        raise BuildError(f"KDKIT_CACHE_MB={mb}: the bound must be at least 1 MB; unset it for the default")
+    return mb << 20
+
+
+def prune_cache(cdir: Path, limit: int, keep: str = "") -> list[str]:
+    """Remove whole modules (their .cubin, .ptx and .log together), least recently used first,
+    until the cache holds at most `limit` bytes; `keep` (the module just built) always stays.
+    Returns the keys removed. Files that vanish meanwhile (another process pruning) are skipped."""
+    modules: dict[str, list] = {}
+    for f in cdir.iterdir():
+        if f.suffix not in _CACHE_EXTS:
+            continue  # temporary files of a write in flight, anything a user put there
+        try:
+            st = f.stat()
+        except FileNotFoundError:
+            continue
+        m = modules.setdefault(f.stem, [0.0, 0])
+        m[0], m[1] = max(m[0], st.st_mtime), m[1] + st.st_size
+    total = sum(size for _, size in modules.values())
+    removed = []
+    for key, (_, size) in sorted(modules.items(), key=lambda kv: kv[1][0]):
+        if total <= limit:
+            break
+        if key == keep:
+            continue
+        for ext in _CACHE_EXTS:
+            (cdir / f"{key}{ext}").unlink(missing_ok=True)
+        total -= size
+        removed.append(key)
+    return removed
+
+
+def _touch(paths) -> None:
+    """Mark a cache hit as recently used (the pruning order); a read-only cache stays usable."""
+    for p in paths:
+        try:
+            os.utime(p)
+        except OSError:
+            pass
+
+
 def module_key(stem: str, tags: dict, arch: str, digest: str) -> str:
     parts = [stem] + [f"{k.lower()}{v}" for k, v in tags.items()] + [arch, digest[:12]]
     return re.sub(r"[^\w.-]", "", "-".join(str(p) for p in parts))
@@ -198,6 +257,7 @@ def build(source: str | Path, defines: dict, arch: str, tags: dict | None = None
     cdir = cache_dir()
     cubin_p, ptx_p, log_p = (cdir / f"{key}{ext}" for ext in (".cubin", ".ptx", ".log"))
     if cubin_p.is_file() and ptx_p.is_file() and log_p.is_file():
+        _touch((cubin_p, ptx_p, log_p))
         log = log_p.read_text()
         return Module(key, arch, cubin_p.read_bytes(), ptx_p.read_text(), log, dict(defines), parse_ptxas(log))
 
@@ -222,6 +282,7 @@ def build(source: str | Path, defines: dict, arch: str, tags: dict | None = None
     ptx_s = ptx.decode(errors="replace").rstrip("\x00")
     for p, data in ((cubin_p, cubin), (ptx_p, ptx_s.encode()), (log_p, log.encode())):
         _write_atomic(p, data)
+    prune_cache(cdir, cache_limit_bytes(), keep=key)
     return Module(key, arch, cubin, ptx_s, log, dict(defines), parse_ptxas(log))
 
 
