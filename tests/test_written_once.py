@@ -38,7 +38,8 @@ def test_the_kernels_copy_of_the_split_span_is_the_same():
 # the only places these integers may be written in kdkit's Python: where they are defined
 DEFINED_AT = {
     512: {("constants.py", "KV_LORA_RANK ="),            # the latent dims
-          ("kernel/schedule.py", "WORKSPACE_LIMIT =")},  # 512 MiB, a byte count
+          ("kernel/schedule.py", "WORKSPACE_LIMIT ="),   # 512 MiB, a byte count
+          ("kernel/jit.py", "CACHE_MB_DEFAULT =")},      # the JIT cache's bound, in MB
     576: set(),                                           # constants.QK_DIM = KV_LORA_RANK + QK_ROPE_HEAD_DIM
     132: {("kernel/schedule.py", "H200_SM_COUNT =")},     # the SM count the probes and torch_ref model
 }
