@@ -496,6 +496,7 @@ def main(args) -> int:
     if why:
         print(f"kdkit bench: {why}", file=sys.stderr)
         return 1
+    Path(args.out).mkdir(parents=True, exist_ok=True)  # (the probe above left no folder behind)
     run = RunFile(Path(args.out))
     try:
         res = run_grid(shapes, args.backends, args.nsplit, graph=not args.no_graph, on_shape=run.partial,
@@ -520,12 +521,20 @@ def main(args) -> int:
 
 def unwritable(out_dir: Path) -> str | None:
     """Why `out_dir` cannot take a results file (None when it can): made if missing, then a
-    probe file is created and removed in it, so a bad --out is found before the GPU work."""
+    probe file is created and removed in it, so a bad --out is found before the GPU work. The
+    folders made for the probe go again (the results file makes them when there are results)."""
     import tempfile
+    made = [d for d in [out_dir, *out_dir.parents] if not d.exists()]
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=out_dir, prefix=".kdkit-bench-probe-"):
             pass
     except OSError as e:
         return f"not a writable directory ({e.strerror or e})"
+    finally:
+        for d in made:  # deepest first
+            try:
+                d.rmdir()
+            except OSError:
+                break
     return None

@@ -141,7 +141,12 @@ class Case:
         for name in TENSOR_FIELDS:
             t = getattr(self, name)
             if t is not None:
-                tensors[name] = t.detach().to("cpu").contiguous()
+                t = t.detach().to("cpu").contiguous()
+                # torch.save writes a tensor's whole storage: a view of a larger one (a slice of a
+                # live pool) would put all of it in the shared file; saved on its own instead
+                if t.storage_offset() or t.untyped_storage().nbytes() != t.numel() * t.element_size():
+                    t = t.clone()
+                tensors[name] = t
         return {
             "format": FORMAT,
             "schema_version": SCHEMA_VERSION,
@@ -249,7 +254,10 @@ def validate(case: Case, path=None) -> None:
     for name, typ in PARAM_TYPES.items():
         val = getattr(case, name)
         if typ is float and isinstance(val, int) and not isinstance(val, bool):
-            val = float(val)
+            try:
+                val = float(val)
+            except OverflowError:
+                raise CaseError(name, f"{str(val)[:20]}... ({len(str(val))} digits) is out of a float's range", path) from None
         if not isinstance(val, typ) or (typ is int and isinstance(val, bool)):
             raise CaseError(name, f"expected {typ.__name__}, got {type(val).__name__}", path)
     H, Dl, Dr, Dv = case.num_heads, case.kv_lora_rank, case.qk_rope_head_dim, case.v_head_dim
@@ -314,17 +322,34 @@ def validate(case: Case, path=None) -> None:
 
 
 # ---- loading -----------------------------------------------------------------------------
+def _check_plain(v, field: str, path, depth: int = 0) -> None:
+    """Meta is plain data (as _plain writes it): a tensor or another object there is a forged or
+    broken file, refused here before anything tests its truth or formats it."""
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return
+    if isinstance(v, (list, tuple, dict)) and depth < 8:
+        items = v.items() if isinstance(v, dict) else enumerate(v)
+        for k, x in items:
+            if isinstance(v, dict) and not isinstance(k, str):
+                raise CaseError(field, f"a key of type {type(k).__name__}; meta keys are strings", path)
+            _check_plain(x, f"{field}.{k}" if isinstance(v, dict) else f"{field}[{k}]", path, depth + 1)
+        return
+    raise CaseError(field, f"a {type(v).__name__} where meta holds plain data (str, number, bool, None, "
+                    "lists and dicts of them, 8 levels at most); re-save the case with Case.save", path)
+
+
 def from_record(rec: Any, path=None) -> Case:
-    if not isinstance(rec, dict) or rec.get("format") != FORMAT:
+    if not isinstance(rec, dict) or not isinstance(rec.get("format"), str) or rec.get("format") != FORMAT:
         raise CaseError("format", "not a kdkit case file (no format='kdkit-case' header)", path)
     ver = rec.get("schema_version")
-    if ver != SCHEMA_VERSION:
+    if type(ver) is not int or ver != SCHEMA_VERSION:
         raise CaseError("schema_version", f"version {ver!r}; this kdkit reads version {SCHEMA_VERSION}. "
                         "Upgrade kdkit, or re-save the case with the kdkit that wrote it", path)
     for part in ("meta", "params", "tensors"):
         if not isinstance(rec.get(part), dict):
             raise CaseError(part, "missing or not a dict", path)
     params, tensors = rec["params"], rec["tensors"]
+    _check_plain(rec["meta"], "meta", path)
     kw: dict[str, Any] = {"meta": dict(rec["meta"])}
     for name in PARAM_TYPES:
         if name not in params:
@@ -339,7 +364,7 @@ def from_record(rec: Any, path=None) -> Case:
         kw[name] = tensors[name]
     unknown = set(tensors) - set(TENSOR_FIELDS)
     if unknown:
-        raise CaseError(sorted(unknown)[0], "unknown tensor in a v1 case", path)
+        raise CaseError(sorted(map(str, unknown))[0], "unknown tensor in a v1 case", path)
     case = Case(**kw)
     validate(case, path)
     return case

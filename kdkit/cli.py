@@ -88,6 +88,8 @@ def case_files(paths) -> list[Path]:
     files = []
     for p in map(Path, paths):
         if p.is_dir():
+            if not os.access(p, os.R_OK | os.X_OK):  # rglob would skip it silently
+                raise BadInput(f"{p}: a directory this user cannot read")
             found = sorted(f for f in p.rglob("*.pt") if f.is_file())
             if not found:
                 raise BadInput(f"{p}: a directory with no case files (*.pt) in it")
@@ -283,14 +285,20 @@ def _usable_cases(paths) -> list[Path]:
     return files
 
 
+def _against_runs(args) -> bool:
+    """Can --against run here? If not, says why: nothing can be judged, so nothing is run."""
+    from . import backends
+    why = backends.unavailable(args.against) if args.against != "oracle" else None
+    if why:
+        _err(f"--against {args.against} cannot run here: {why}")
+    return not why
+
+
 def _replay_all(args, files: list[Path]) -> _Replayed:
     """Replay case after case (the inputs are checked already), printing each as it is done."""
-    from . import backends, lint, replay, report
-    if args.against != "oracle":
-        why = backends.unavailable(args.against)
-        if why:  # nothing can be judged: say so before any work
-            _err(f"--against {args.against} cannot run here: {why}")
-            return _Replayed(rc=EXIT_PROBLEM)
+    from . import lint, replay, report
+    if not _against_runs(args):
+        return _Replayed(rc=EXIT_PROBLEM)
     names = args.backends
     steps = len(dict.fromkeys(["oracle", *names, args.against]))  # replay runs the oracle once
     done = _Replayed()
@@ -374,20 +382,30 @@ def cmd_report(args) -> int:
 
     -o DIR writes one HTML page per case and index.html; -o NAME.html or NAME.md one file.
     Exit codes as replay; nothing is written when an input cannot be used."""
-    from .report import FORMATS, is_report_dir, write_report_dir
+    from .report import FORMATS, is_report_dir, page_stem, write_report_dir
     files = _usable_cases(args.cases)
-    out = args.out or Path("reports") / f"{_load(files[0]).case_id}.html"
+    out = args.out or Path("reports") / f"{page_stem(_load(files[0]).case_id)}.html"
     if not is_report_dir(out):
         _check_out(out, FORMATS)
         done = _replay_all(args, files)
         return max(done.rc, _write(done, out, args.force))
+    if not _against_runs(args):  # before the directory is made: nothing will go in it
+        return EXIT_PROBLEM
     try:
         out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):  # writable: found before the replay, not after it
+            pass
     except OSError as e:
-        raise BadInput(f"{out}: cannot make the report directory ({e.strerror})")
+        raise BadInput(f"{out}: cannot write the report directory ({e.strerror})")
     done = _replay_all(args, files)
-    index = write_report_dir(done.reports, out, sources=done.sources, cases=done.cases, stopped=done.stopped,
-                             force=args.force, backends=",".join(args.backends), against=args.against)
+    if not done.reports and not done.stopped:
+        _err("nothing was replayed: no reports written")
+        return EXIT_PROBLEM
+    try:
+        index = write_report_dir(done.reports, out, sources=done.sources, cases=done.cases, stopped=done.stopped,
+                                 force=args.force, backends=",".join(args.backends), against=args.against)
+    except OSError as e:
+        raise BadInput(f"{out}: reports not written ({e})")
     print(f"reports: {index} ({len(done.reports)} case pages, {len(done.stopped)} not replayed)")
     return done.rc
 
@@ -431,7 +449,7 @@ def cmd_synth(args) -> int:
 
     Exit 1 if the file exists (--force replaces it)."""
     from .case import CaseError
-    from .synth import make_case
+    from .synth import make_case, memory_limit_bytes, peak_bytes
     out = args.out
     _check_out(out, {".pt": "case"})
     lists = [len(v) for v in (args.prefix, args.q_len) if len(v) > 1]
@@ -440,6 +458,13 @@ def cmd_synth(args) -> int:
                        "give one value or one per request")
     bs = args.bs if args.bs is not None else (lists[0] if lists else 1)
     prefix, q_len = _per_request(args.prefix, bs, "--prefix"), _per_request(args.q_len, bs, "--q-len")
+    need = peak_bytes([prefix] * bs if isinstance(prefix, int) else prefix,
+                      [q_len] * bs if isinstance(q_len, int) else q_len, args.heads)
+    if need > memory_limit_bytes():
+        raise BadInput(f"--bs {bs} --prefix {','.join(map(str, args.prefix))} --q-len {','.join(map(str, args.q_len))} "
+                       f"--heads {args.heads}: building it takes about {need / 2**30:.0f} GiB, more than the "
+                       f"{memory_limit_bytes() / 2**30:.0f} GiB this machine can give it; "
+                       "choose a smaller prefix, q_len or batch")
     if out.exists() and not args.force:
         _err(f"{out} exists; pass --force to replace it")
         return EXIT_PROBLEM
@@ -472,12 +497,17 @@ def kernel_archs() -> dict:
 
 
 def _check_arch(arch: str, archs: dict) -> None:
-    m = re.fullmatch(r"sm_(\d+)([af]?)", arch)
+    m = re.fullmatch(r"sm_([1-9]\d*)([af]?)", arch)
     if not m:
         raise BadInput(f"--arch {arch!r}: expected sm_XX, e.g. sm_120 or sm_90a")
-    n, known = int(m.group(1)), archs["nvrtc"]
+    n, suffix, known = int(m.group(1)), m.group(2), archs["nvrtc"]
     if n < archs["min"]:
         raise BadInput(f"--arch {arch}: the kernel needs sm_{archs['min']} or newer")
+    # architecture-specific targets exist from Hopper on (sm_90a), family targets from Blackwell
+    # (sm_100f); NVRTC refuses the others with a multi-line error
+    if (suffix == "a" and n < 90) or (suffix == "f" and n < 100):
+        raise BadInput(f"--arch {arch}: there is no '{suffix}' variant of sm_{n} ('a' from sm_90a, 'f' "
+                       f"from sm_100f); use sm_{n}")
     if known is not None and n not in known:
         ok = [f"sm_{a}" for a in known if a >= archs["min"]]
         raise BadInput(f"--arch {arch}: this NVRTC builds the kernel for {', '.join(ok)}")
@@ -613,6 +643,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except BrokenPipeError:  # `kdkit inspect x.pt | head`
         return EXIT_OK
+    except OSError as e:  # a path the system refuses to look at (a name too long, no permission)
+        where = f"{e.filename}: " if e.filename else ""
+        _err(f"{where}{e.strerror or e}")
+        return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":

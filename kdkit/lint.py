@@ -330,6 +330,13 @@ def check_qo_indptr(ctx: _Ctx) -> Iterator[Finding]:
     if found:
         ctx.bad.add("qo_indptr")
     yield from found
+    empty = [b for b in range(len(qo) - 1) if qo[b + 1] == qo[b]] if not found else []
+    if empty:  # valid (a kernel writes nothing for them), but no verify batch has such a request
+        yield Finding("qo-empty-request", "warning", "qo_indptr",
+                      f"{_n(len(empty), 'request has', 'requests have')} q_len 0 (no draft tokens): {_show(empty)}; "
+                      "nothing of them is computed or compared",
+                      "SGLang's verify gives every request its draft tokens: check that qo_indptr and q come from "
+                      "the same call, or drop the empty requests.")
 
 
 @_check

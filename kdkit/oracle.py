@@ -41,7 +41,8 @@ def _request(case: Case, b: int, rows: slice = slice(None), heads: slice = slice
     q = _f64(case.q[qs:qe][rows, heads])        # [n, H, 576]
     K, V = _f64(K), _f64(V)                     # [kv, 576], [kv, 512]
     n, H = q.shape[0], q.shape[1]
-    s = (q.reshape(n * H, -1) @ K.T).reshape(n, H, -1) * case.sm_scale  # matmul: BLAS, threaded
+    # (explicit sizes: a request of q_len 0 has no rows, and -1 cannot be inferred from 0 elements)
+    s = (q.reshape(n * H, q.shape[-1]) @ K.T).reshape(n, H, K.shape[0]) * case.sm_scale  # matmul: BLAS, threaded
     if case.logit_cap > 0:
         s = case.logit_cap * np.tanh(s / case.logit_cap)
     vis = np.concatenate([np.ones((qe - qs, p), bool), draft_visibility(case, b)], axis=1)[rows]

@@ -222,15 +222,29 @@ def _ints(x) -> bool:
     return isinstance(x, tuple) and all(isinstance(v, int) and not isinstance(v, bool) for v in x)
 
 
-def _walk(obj, where: str, out: list):
-    if isinstance(obj, (TensorDecl, _Refused)):
-        out.append((where, obj))
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            _walk(v, f"{where}.{k}" if where else str(k), out)
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            _walk(v, f"{where}[{i}]", out)
+# A case's record nests 3 levels (record -> tensors -> tensor) and holds a few hundred items; a
+# forged pickle can nest without bound, hold itself (memo), or share one list at every level
+# (2^depth paths). The walk is iterative and bounded by both.
+MAX_DEPTH = 32
+MAX_ITEMS = 1_000_000
+
+
+def _walk(obj, path, out: list) -> None:
+    """(where, tensor) for every tensor declaration in the unpickled record, in order."""
+    todo, seen = [(obj, "", 0)], 0
+    while todo:
+        obj, where, depth = todo.pop()
+        seen += 1
+        if depth > MAX_DEPTH or seen > MAX_ITEMS:
+            _fail(path, "<pickle>", f"data.pkl nests deeper than {MAX_DEPTH} levels or holds more than "
+                  f"{MAX_ITEMS} items (or a container holds itself); a case's record is 3 levels deep: "
+                  "the file is corrupt or forged")
+        if isinstance(obj, (TensorDecl, _Refused)):
+            out.append((where, obj))
+        elif isinstance(obj, dict):
+            todo.extend((v, f"{where}.{k}" if where else str(k), depth + 1) for k, v in reversed(obj.items()))
+        elif isinstance(obj, (list, tuple)):
+            todo.extend((v, f"{where}[{i}]", depth + 1) for i, v in reversed(list(enumerate(obj))))
 
 
 def _field(where: str) -> str:
@@ -315,7 +329,7 @@ def scan(path) -> None:
                    if n.startswith(prefix + "data/")}
     obj = _pickle_objects(data, path)
     found: list = []
-    _walk(obj, "", found)
+    _walk(obj, path, found)
     for where, t in found:
         if isinstance(t, _Refused):
             _fail(path, _field(where), f"not a dense contiguous tensor (rebuilt by {t.how}); kdkit saves "

@@ -367,8 +367,19 @@ def is_report_dir(out: str | os.PathLike) -> bool:
     return Path(out).is_dir() or not Path(out).suffix
 
 
+# A case's id is data from a shared file, never a path: a page takes only [A-Za-z0-9._-] of it
+# (no "../", no "/"), at most PAGE_STEM_MAX characters (file names stop at 255 bytes)
+PAGE_STEM_MAX = 120
+
+
+def page_stem(case_id) -> str:
+    """The file-name stem a report page of this case id takes."""
+    base = re.sub(r"[^A-Za-z0-9._-]+", "_", str(case_id)).strip("._")
+    return base[:PAGE_STEM_MAX].rstrip("._") or "case"
+
+
 def _page_name(case_id: str, taken: set) -> str:
-    base = re.sub(r"[^A-Za-z0-9._-]+", "_", case_id).strip("._") or "case"
+    base = page_stem(case_id)
     name, n = f"{base}.html", 2
     while name in taken or name == "index.html":
         name, n = f"{base}-{n}.html", n + 1
@@ -414,6 +425,6 @@ def write_report_dir(reports, out_dir: str | os.PathLike, sources: list | None =
     return index
 
 
-__all__ = ["describe_case", "request_rows", "lint_line", "machine", "write_report", "write_report_dir", "free_path",
+__all__ = ["describe_case", "request_rows", "lint_line", "machine", "write_report", "write_report_dir", "free_path", "page_stem",
            "report_figures", "rows_of", "outcome",
            "render_markdown", "render_html", "skipped", "failed"]

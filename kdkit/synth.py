@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import os
 from typing import Sequence
 
 import numpy as np
@@ -35,6 +36,29 @@ def _tree(kind: str, n: int, rng) -> list:
     if kind == "diagonal":
         return trees.diagonal(n)
     raise ValueError(f"tree {kind!r}: choose one of {TREES}")
+
+
+# What make_case will take at its peak (estimated): the fp32 pool and its rows' temporary (4 B x
+# 576 dims each, twice), q in fp32 and bf16, and the mask (a byte per (token, column), twice
+# while it is built): 0.56 GiB at 1 x 128K, 18 GiB at 32 x 128K. The CLI refuses what passes
+# SYNTH_RAM_FRACTION of this machine's memory (the OOM killer would end it without a word).
+SYNTH_RAM_FRACTION = 0.8
+
+
+def memory_limit_bytes() -> int:
+    """SYNTH_RAM_FRACTION of the machine's physical memory (8 GiB where it cannot be read)."""
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        total = 10 << 30
+    return int(SYNTH_RAM_FRACTION * total)
+
+
+def peak_bytes(prefixes: Sequence[int], q_lens: Sequence[int], heads: int) -> int:
+    T = sum(q_lens)
+    rows = 1 + sum(prefixes) + T
+    return (2 * 4 * QK_DIM * rows + 6 * QK_DIM * T * heads
+            + 2 * sum(q * (p + q) for p, q in zip(prefixes, q_lens)))
 
 
 def make_case(bs: int = 1, prefix: int | Sequence[int] = 21, q_len: int | Sequence[int] = 9,

@@ -247,3 +247,66 @@ def test_save_without_hard_links_still_never_clobbers(tmp_path, monkeypatch):
     assert load(path).case_id == case.case_id and not list(tmp_path.glob(".*.tmp"))
     with pytest.raises(FileExistsError):
         case.save(path)
+
+
+# ---- forged records: each refused in one line naming the field, never a crash inside torch -------
+def test_a_container_that_holds_itself_or_nests_deeply_is_refused(tmp_path):
+    cyclic = []
+    cyclic.append(cyclic)
+    _expect(_save_record(cyclic, tmp_path / "cyclic.pt"), "<pickle>", "nests deeper")
+    deep: list = []
+    for _ in range(200):  # (torch.save's pickler recurses: a few hundred levels is what it writes)
+        deep = [deep]
+    _expect(_save_record(deep, tmp_path / "deep.pt"), "<pickle>", "nests deeper")
+
+
+@pytest.mark.parametrize("key", ["note", "case_id", "layer_id"])
+def test_a_tensor_in_meta_is_refused(saved, tmp_path, key):
+    case, _ = saved
+    rec = case.to_record()
+    rec["meta"][key] = torch.zeros(2)
+    _expect(_save_record(rec, tmp_path / "meta.pt"), f"meta.{key}", "plain data")
+
+
+def test_a_tensor_schema_version_is_refused(saved, tmp_path):
+    case, _ = saved
+    rec = case.to_record()
+    rec["schema_version"] = torch.tensor([1, 1])
+    _expect(_save_record(rec, tmp_path / "ver.pt"), "schema_version", "this kdkit reads version")
+
+
+def test_a_non_string_tensor_key_is_refused(saved, tmp_path):
+    case, _ = saved
+    rec = case.to_record()
+    rec["tensors"][1] = torch.zeros(3)
+    rec["tensors"]["zz"] = torch.zeros(3)
+    _expect(_save_record(rec, tmp_path / "keys.pt"), "1", "unknown tensor")
+
+
+@pytest.mark.parametrize("name", ["sm_scale", "logit_cap"])
+def test_an_integer_past_a_floats_range_is_refused(saved, tmp_path, name):
+    case, _ = saved
+    rec = case.to_record()
+    rec["params"][name] = 10 ** 400
+    _expect(_save_record(rec, tmp_path / "huge.pt"), name, "out of a float's range")
+
+
+def test_a_view_of_a_larger_tensor_saves_only_its_own_bytes(saved, tmp_path):
+    """A case cut from a live pool (a slice) must not carry the whole pool into the shared file."""
+    case, path = saved
+    n = case.kv_buffer.shape[0]
+    pool = torch.zeros(50_000, 1, case.kv_buffer.shape[-1], dtype=case.kv_buffer.dtype)
+    pool[1000:1000 + n] = case.kv_buffer
+    sliced = case.clone(kv_buffer=pool[1000:1000 + n]).save(tmp_path / "sliced.pt")
+    assert os.path.getsize(sliced) <= os.path.getsize(path) + 4096
+    _assert_same_tensors(load(sliced), case)
+
+
+def test_a_request_without_draft_tokens_is_computed_and_flagged():
+    """q_len 0 in a batch: the oracle gives the other requests (it crashed inside NumPy), and the
+    lint says the batch is unusual."""
+    from kdkit import lint
+    case = make_case(bs=2, prefix=21, q_len=[9, 0], heads=8)
+    out, lse = oracle.run(case)
+    assert out.shape[0] == 9 and np.isfinite(out).all() and np.isfinite(lse).all()
+    assert "qo-empty-request" in [f.code for f in lint.check(case)]

@@ -538,3 +538,60 @@ def test_compile_without_nvrtc_exits_1_with_the_fix(capsys, monkeypatch):
     assert first_line(err).startswith("kdkit: NVRTC is not installed: `pip install cuda-bindings")
     rc, _, err = run(capsys, "compile", "--arch", "sm_75")
     assert rc == 2 and "needs sm_80 or newer" in err
+
+
+# ---- found by an audit (2026-12-02): each was a traceback, a wrong exit code or a file left behind ---
+def test_a_path_the_system_refuses_is_one_line_and_exit_2(capsys, tmp_path):
+    rc, out, err = run(capsys, "inspect", tmp_path / ("a" * 300 + ".pt"))
+    assert rc == 2 and "File name too long" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("arch", ["sm_80a", "sm_86f", "sm_90f", "sm_090"])
+def test_compile_refuses_arch_variants_that_do_not_exist(capsys, arch):
+    rc, out, err = run(capsys, "compile", "--arch", arch, "--rows", "8")
+    assert rc == 2 and "--arch" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_sitecustomize_into_a_file_says_it_is_not_a_directory(capsys, tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("")
+    rc, out, err = run(capsys, "capture", "sitecustomize", f, "--force")
+    assert rc == 2 and "is a file, not a directory" in err and f.read_text() == ""
+
+
+def test_report_dir_is_not_made_when_nothing_can_be_judged(capsys, tmp_path):
+    if not backends.unavailable("cuda"):
+        pytest.skip("a GPU is here: --against cuda runs")
+    rc, out, err = run(capsys, "report", SEED, "--against", "cuda", "-o", tmp_path / "pages")
+    assert rc == 1 and "cannot run here" in err and not (tmp_path / "pages").exists()
+
+
+def test_report_names_its_page_from_the_case_id_never_a_path(capsys, tmp_path, monkeypatch):
+    """A shared case's id is data: `../../outside` must not put the report outside reports/."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    case = make_case(case_id="../../outside")
+    path = case.save(tmp_path / "work" / "c.pt")
+    rc, out, err = run(capsys, "report", path, "--backends", "torch")
+    assert rc == 0, err
+    assert (tmp_path / "work" / "reports" / "outside.html").is_file()
+    assert not (tmp_path / "outside.html").exists()
+    long_id = make_case(case_id="x" * 300).save(tmp_path / "work" / "long.pt")
+    rc, out, err = run(capsys, "report", long_id, "--backends", "torch")
+    assert rc == 0, err
+    assert (tmp_path / "work" / "reports" / ("x" * 120 + ".html")).is_file()
+
+
+def test_synth_refuses_a_case_larger_than_the_machine_before_building_it(capsys, tmp_path):
+    rc, out, err = run(capsys, "synth", "--out", tmp_path / "big.pt", "--prefix", "100000000")
+    assert rc == 2 and "GiB" in err and "--prefix 100000000" in err and not (tmp_path / "big.pt").exists()
+
+
+def test_bench_leaves_no_folder_behind_when_it_cannot_run(capsys, tmp_path):
+    from kdkit.kernel import unavailable
+    if not unavailable():
+        pytest.skip("a GPU is here: bench runs")
+    rc, out, err = run(capsys, "bench", "--out", tmp_path / "new" / "sub")
+    assert rc == 1 and not (tmp_path / "new").exists()

@@ -111,6 +111,11 @@ def cmd_sitecustomize(args) -> int:
     PYTHONPATH (for SGLang releases without the plugin system, <= 0.5.10), and print the
     PYTHONPATH line. Refuses to replace an existing file without --force."""
     from . import installer
+    blocker = next((q for q in [Path(args.dir), *Path(args.dir).parents] if q.exists()), None)
+    if blocker is not None and not blocker.is_dir():  # (publish's mkdir would say "exists")
+        _err(f"{args.dir}: {blocker} is a file, not a directory; give the directory to write "
+             f"{installer.FILE} in")
+        return EXIT_BAD_INPUT
     try:
         path = installer.write(args.dir, force=args.force)
     except FileExistsError:
