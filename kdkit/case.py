@@ -322,6 +322,9 @@ def validate(case: Case, path=None) -> None:
 
 
 # ---- loading -----------------------------------------------------------------------------
+RECORD_KEYS = ("format", "schema_version", "meta", "params", "tensors")
+
+
 def _check_plain(v, field: str, path, depth: int = 0) -> None:
     """Meta is plain data (as _plain writes it): a tensor or another object there is a forged or
     broken file, refused here before anything tests its truth or formats it."""
@@ -349,6 +352,13 @@ def from_record(rec: Any, path=None) -> Case:
         if not isinstance(rec.get(part), dict):
             raise CaseError(part, "missing or not a dict", path)
     params, tensors = rec["params"], rec["tensors"]
+    # what a v1 reader does not know would be dropped by the next save: refused instead, as
+    # unknown tensors are (a newer kdkit's file carries a newer schema_version)
+    for where, have, known in (("", rec, RECORD_KEYS), ("params.", params, PARAM_TYPES)):
+        unknown = sorted(map(str, set(have) - set(known)))
+        if unknown:
+            raise CaseError(where + unknown[0], f"unknown {'parameter' if where else 'part'} in a v1 case "
+                            f"(known: {', '.join(known)}); it would be lost on the next save", path)
     _check_plain(rec["meta"], "meta", path)
     kw: dict[str, Any] = {"meta": dict(rec["meta"])}
     for name in PARAM_TYPES:

@@ -310,3 +310,13 @@ def test_a_request_without_draft_tokens_is_computed_and_flagged():
     out, lse = oracle.run(case)
     assert out.shape[0] == 9 and np.isfinite(out).all() and np.isfinite(lse).all()
     assert "qo-empty-request" in [f.code for f in lint.check(case)]
+
+
+@pytest.mark.parametrize("part", ["params", "record"])
+def test_an_unknown_part_or_parameter_is_refused_not_dropped(saved, tmp_path, part):
+    """What this kdkit does not know would be lost by the next save: refused, as unknown tensors are."""
+    case, _ = saved
+    rec = case.to_record()
+    (rec["params"] if part == "params" else rec)["k_scale"] = 0.5
+    field = "params.k_scale" if part == "params" else "k_scale"
+    _expect(_save_record(rec, tmp_path / "extra.pt"), field, "would be lost on the next save")
