@@ -44,6 +44,11 @@ def test_layers(text, want):
     ({"KDKIT_LAYERS": "0-100000000"}, "KDKIT_LAYERS"), ({"KDKIT_LAYERS": "100001"}, "KDKIT_LAYERS"),
     ({"KDKIT_LAYER": "56"}, "KDKIT_LAYER"), ({"KDKIT_MAXBYTES": "1G"}, "KDKIT_MAXBYTES"),
     ({"kdkit_layers": "56"}, "kdkit_layers"),
+    # (an audit's: each escaped as another exception, which SGLang logs and serves on without kdkit)
+    ({"KDKIT_DIR": "~nosuchuser-kdkit/cases"}, "KDKIT_DIR"), ({"KDKIT_MAX_BYTES": "9" * 400}, "KDKIT_MAX_BYTES"),
+    ({"KDKIT_MIN_FREE": "9" * 400}, "KDKIT_MIN_FREE"), ({"KDKIT_LAYERS": "1" * 5000}, "KDKIT_LAYERS"),
+    ({"KDKIT_MAX_BYTES": "0.1"}, "KDKIT_MAX_BYTES"), ({"KDKIT_MAX_CASES": "1_000"}, "KDKIT_MAX_CASES"),
+    ({"KDKIT_LAYERS": "\u0663"}, "KDKIT_LAYERS"),
 ])
 def test_a_bad_value_is_one_line_naming_the_variable(env, var):
     with pytest.raises(settings.SettingsError) as e:
@@ -241,6 +246,37 @@ def test_unsupported_calls_are_named():
     assert "sliding window" in call.unsupported()
     with pytest.raises(TypeError, match="without sm_scale"):
         record.KernelCall.bind(tuple(range(15)), {})
+    call.extra["sliding_window_size"] = -1
+    assert call.unsupported() is None
+    for arg, val in (("skip_prefix", True), ("skip_extend", True), ("skip_prefix_custom_mask", False)):
+        call.extra[arg] = val  # DCP's halves of attention, a masked prefix: not a whole verify call
+        assert f"{arg}={val!r}" in call.unsupported()
+        del call.extra[arg]
+    call.extra.update(page_size=16, identity_kv_indices=True, lse_extend=None)  # addressing only
+    assert call.unsupported() is None
+
+
+def test_settings_that_fail_unforeseen_still_stop_start_up(monkeypatch):
+    from kdkit.capture import plugin
+
+    def broken(env=None):
+        raise RuntimeError("no home")
+    monkeypatch.setattr(plugin, "from_env", broken)
+    with pytest.raises(plugin.StartupError, match="RuntimeError: no home"):
+        plugin.settings_or_stop({})
+
+
+def test_exit_drain_says_what_it_could_not_write(tmp_path, capsys):
+    import threading
+    gate = threading.Event()
+    w = store.Writer(store.Store(tmp_path, None, None, lambda *a: None, min_free=0),
+                     lambda snap: gate.wait() and None, lambda kind, e: None)
+    for i in range(3):
+        assert w.submit(i)
+    assert w.drain(timeout=0.2) == 3
+    assert "3 captured case(s) not yet written" in capsys.readouterr().err
+    gate.set()
+    assert w.drain(timeout=5) == 0
 
 
 # ---- the command ---------------------------------------------------------------------------------

@@ -218,10 +218,16 @@ def test_metadata_batch_layer_pool_and_spec_fields(rel):
 @pytest.mark.parametrize("rel", SUPPORTED)
 def test_capture_flag_rank_server_args_and_launch_flags(rel):
     r = release(rel)
+    # the module variable the hook reads (a module-level `is_capture_mode = ...`)
     where = [m for m, name in sglang_api.CAPTURE_MODE if r.path(m) and
-             any(isinstance(n, ast.FunctionDef) and n.name == name for n in r.tree(m).body)]
-    assert where, f"sglang {rel}: get_is_capture_mode is in none of {[m for m, _ in sglang_api.CAPTURE_MODE]}{r.moved('get_is_capture_mode')}"
+             any(isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)
+                 for n in r.tree(m).body)]
+    assert where, f"sglang {rel}: is_capture_mode is in none of {[m for m, _ in sglang_api.CAPTURE_MODE]}{r.moved('is_capture_mode')}"
     assert "model_capture_mode" in r.source(where[0]), f"sglang {rel}: {where[0]} has no model_capture_mode"
+    # where get_is_capture_mode also answers inside a breakable graph (its replay too), the hook
+    # tells the two apart through the breakable flag's own getter
+    if "is_in_breakable_cuda_graph" in r.source(where[0]):
+        _function(r, *sglang_api.BREAKABLE)
     _function(r, *sglang_api.RANK)
     assert any(r.path(m) and any(isinstance(n, ast.FunctionDef) and n.name == f for n in r.tree(m).body)
                for m, f in sglang_api.SERVER_ARGS), f"sglang {rel}: no server-args accessor{r.moved('get_server_args')}"

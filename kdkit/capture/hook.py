@@ -81,6 +81,7 @@ class Hook:
             (settings.mode == "validate" and settings.kernel == "cuda") else None
         self.step = -1
         self._batch = None          # weakref of the last forward batch counted as a step
+        self._last_layer = -1       # the layer of the last selected call
         self._rank = None
         self._model = None
         self.faults: dict = {}      # kind -> count
@@ -109,9 +110,12 @@ class Hook:
                  f"{type(e).__name__}: {first}; the real output was returned (said once per kind)")
 
     # ---- selection -------------------------------------------------------------------------
-    def _new_step(self, batch) -> bool:
+    def _new_step(self, batch, layer_id: int) -> bool:
+        """A new forward pass: another batch object, or (a graph replay reuses one static batch)
+        the same one back at a layer it has passed already (layers run in order in a pass)."""
         last = self._batch() if self._batch is not None else None
-        if last is batch:
+        seen, self._last_layer = self._last_layer, layer_id
+        if last is batch and layer_id > seen:
             return False
         try:
             self._batch = weakref.ref(batch)
@@ -130,6 +134,8 @@ class Hook:
         if layer_id not in s.layers:
             return None
         capturing = sglang_api.in_graph_capture()
+        if capturing and s.mode != "replace" and sglang_api.in_breakable_graph():
+            return None  # a breakable graph's capture pass (dummy data): its replays call this again
         if capturing and s.mode != "replace":
             self.say("graph", f"[kdkit] {fmode} runs from CUDA graphs in this server: SGLang calls "
                      f"forward_extend only while it captures them (warm-up passes on dummy data, then "
@@ -137,7 +143,7 @@ class Hook:
                      f"{sglang_api.no_graph_flag(sglang_api.release())} to {s.mode} real traffic.")
             return None
         if not capturing:
-            self._new_step(batch)
+            self._new_step(batch, layer_id)
         if s.mode != "replace":
             if self.step % s.every:
                 return None

@@ -34,6 +34,8 @@ def settings_or_stop(env=None) -> Settings:
         s = from_env(env)
     except SettingsError as e:
         raise StartupError(str(e)) from None
+    except Exception as e:  # a setting no check foresaw: still a stop, never a server without kdkit
+        raise StartupError(f"reading the KDKIT_* settings failed: {type(e).__name__}: {e}") from None
     if s.mode == "replace" or (s.mode == "validate" and s.kernel == "cuda"):
         from .kernels import cuda_unavailable
         why = cuda_unavailable()

@@ -27,6 +27,11 @@ from ..constants import FLOAT_DTYPES, KV_LORA_RANK, QK_DIM, V_HEAD_DIM
 from . import sglang_api
 
 MLA_QK, MLA_V = QK_DIM, V_HEAD_DIM
+# extend_attention_fwd's keyword arguments that change what it computes, at their neutral values
+# (SGLang 0.5.23's defaults): another value is refused by KernelCall.unsupported. (page_size only
+# changes how a slot is addressed in a paged pool, not which rows are read; aux_tensors only
+# matter with score_mod, refused above.)
+NEUTRAL_ARGS = {"skip_prefix_custom_mask": True, "skip_prefix": False, "skip_extend": False}
 
 
 class Unsupported(Exception):
@@ -98,6 +103,13 @@ class KernelCall:
                 self.extra.get("xai_temperature_len", -1) not in (None, -1) or \
                 self.extra.get("score_mod") is not None:
             return "sliding window, sinks, score_mod or xai temperature in use: the case format has no field for them"
+        # arguments that change what the call computes (0.5.2x): DCP computes the prefix and the
+        # draft apart (skip_prefix / skip_extend), which is a part of attention, not a case
+        changed = [f"{k}={self.extra[k]!r}" for k, neutral in NEUTRAL_ARGS.items()
+                   if k in self.extra and self.extra[k] != neutral]
+        if changed:
+            return (f"{', '.join(changed)}: this call computes a part of attention (DCP's prefix or draft "
+                    "half) or masks the prefix; the case format holds whole verify attention")
         if self.bs < 1:
             return "an empty batch"
         return None

@@ -77,7 +77,9 @@ def parse_layers(text: str) -> Layers:
     ids: set[int] = set()
     for part in t.split(","):
         part = part.strip()
-        m = re.fullmatch(r"(\d+)(?:-(\d+)(?::(\d+))?)?", part)
+        # ASCII digits only ([0-9], not \d: int() would take other scripts' digits), at most 12 of
+        # them (int() of thousands of digits raises its own ValueError)
+        m = re.fullmatch(r"([0-9]{1,12})(?:-([0-9]{1,12})(?::([0-9]{1,12}))?)?", part)
         if not m:
             raise SettingsError("KDKIT_LAYERS", text, f"{part!r} is not a layer spec; write a layer id "
                                 "(56), a range with an optional step (0-60:4, end included), a comma "
@@ -105,10 +107,15 @@ def parse_bytes(var: str, text: str, default: int | None = None) -> int | None:
         return default
     if t in ("none", "unlimited"):
         return None
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([a-z]*)", t)
+    m = re.fullmatch(r"([0-9]{1,30}(?:\.[0-9]{1,30})?)([a-z]*)", t)
     if not m or m.group(2) not in _UNITS:
         raise SettingsError(var, text, "want a size like 500M, 2GiB or 1048576 (bytes), or none")
-    return int(float(m.group(1)) * _UNITS[m.group(2)])
+    val = float(m.group(1)) * _UNITS[m.group(2)]
+    if not math.isfinite(val) or val > 1 << 62:
+        raise SettingsError(var, text, "more bytes than any disk holds; write none for no limit")
+    if 0 < val < 1:  # 0.1 would read as 0 bytes and stop every capture
+        raise SettingsError(var, text, "less than one byte; give a size like 500M (0 stops capture at once)")
+    return int(val)
 
 
 def _int(var: str, text: str, lo: int, default: int | None) -> int | None:
@@ -117,10 +124,9 @@ def _int(var: str, text: str, lo: int, default: int | None) -> int | None:
         return default
     if t in ("none", "unlimited") and default is None:
         return None
-    try:
-        val = int(t)
-    except ValueError:
-        raise SettingsError(var, text, f"want an integer >= {lo}") from None
+    if not re.fullmatch(r"[0-9]{1,15}", t):  # (int() also takes 1_000 and other scripts' digits)
+        raise SettingsError(var, text, f"want an integer >= {lo}")
+    val = int(t)
     if val < lo:
         raise SettingsError(var, text, f"want an integer >= {lo}")
     return val
@@ -236,9 +242,13 @@ def from_env(env=None) -> Settings:
     if model is not None and not re.fullmatch(r"[A-Za-z0-9._+/-]+", model):
         raise SettingsError("KDKIT_MODEL", model, "letters, digits and . _ + - / only (its last part goes into "
                             "file names, as with --served-model-name org/name)")
+    try:
+        folder = Path(dir_text).expanduser() if dir_text else Path(DEFAULT_DIR)
+    except RuntimeError as e:  # ~nosuchuser/...
+        raise SettingsError("KDKIT_DIR", dir_text, f"{e}; write the folder's full path") from None
     return Settings(
         mode=mode,
-        dir=Path(dir_text).expanduser() if dir_text else Path(DEFAULT_DIR),
+        dir=folder,
         layers=parse_layers(env.get("KDKIT_LAYERS", "")),
         forward_modes=fms,
         every=_int("KDKIT_EVERY", env.get("KDKIT_EVERY", ""), 1, 1),

@@ -39,9 +39,14 @@ BACKEND_ATTRS = ("forward_metadata", "max_context_len")
 METADATA_FIELDS = ("qo_indptr", "kv_indptr", "kv_indices", "custom_mask", "mask_indptr", "max_extend_len")
 FORWARD_BATCH_FIELDS = ("forward_mode", "out_cache_loc", "seq_lens", "seq_lens_sum")
 LAYER_ATTRS = ("layer_id",)
-# CUDA-graph capture flag (True during the warm-up passes and the torch.cuda.graph pass)
-CAPTURE_MODE = (("sglang.srt.model_executor.runner_utils.capture_mode", "get_is_capture_mode"),  # >= 0.5.14
-                ("sglang.srt.model_executor.cuda_graph_runner", "get_is_capture_mode"))          # <= 0.5.13
+# CUDA-graph capture flag (True during the warm-up passes and the torch.cuda.graph pass): the
+# module variable, not get_is_capture_mode(), which from 0.5.15 is also True inside a breakable
+# CUDA graph's *replay*, where attention runs eagerly on the real batch
+CAPTURE_MODE = (("sglang.srt.model_executor.runner_utils.capture_mode", "is_capture_mode"),  # >= 0.5.14
+                ("sglang.srt.model_executor.cuda_graph_runner", "is_capture_mode"))          # <= 0.5.13
+# inside a breakable CUDA graph (its capture or its replay): >= 0.5.15
+BREAKABLE = ("sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph.context",
+             "is_in_breakable_cuda_graph")
 # TP rank; 0.5.23's sglang.srt.distributed no longer re-exports it, parallel_state has it in all
 RANK = ("sglang.srt.distributed.parallel_state", "get_tensor_model_parallel_rank")
 SERVER_ARGS = (("sglang.srt.runtime_context", "get_server_args"),   # >= 0.5.2x (0.5.23)
@@ -57,16 +62,25 @@ def _lookup(module: str, name: str):
 
 def in_graph_capture() -> bool:
     """True while SGLang captures a CUDA graph (its warm-up passes included) or while the current
-    stream is capturing."""
+    stream is capturing; False at a breakable graph's replay (real data, eager attention)."""
     for module, name in CAPTURE_MODE:
         try:
-            if _lookup(module, name)():
+            if _lookup(module, name):
                 return True
             break
         except (ImportError, AttributeError):
             continue
     import torch
     return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
+def in_breakable_graph() -> bool:
+    """Inside a breakable CUDA graph (SGLang >= 0.5.15's default prefill graphs), whose replay
+    calls attention eagerly: its capture passes can be skipped, the replays seen."""
+    try:
+        return bool(_lookup(*BREAKABLE)())
+    except (ImportError, AttributeError):
+        return False
 
 
 def tp_rank() -> tuple[int, str]:

@@ -25,6 +25,7 @@ import os
 import queue
 import re
 import shutil
+import sys
 import threading
 from pathlib import Path
 
@@ -198,14 +199,22 @@ class Writer:
             self._on_error("write", e)
             return None
 
-    def drain(self, timeout: float = DRAIN_SECONDS) -> None:
-        """Wait (bounded) until every queued snapshot is written."""
+    def drain(self, timeout: float | None = None) -> int:
+        """Wait (bounded: DRAIN_SECONDS unless given) until every queued snapshot is written.
+        Returns how many were not; a shortfall is said (captured data must never vanish unsaid)."""
         if self._thread is None:
-            return
+            return 0
+        timeout = DRAIN_SECONDS if timeout is None else timeout
         done = threading.Event()
 
         def wait():
             self._q.join()
             done.set()
         threading.Thread(target=wait, daemon=True).start()
-        done.wait(timeout)
+        if done.wait(timeout):
+            return 0
+        left = self._q.unfinished_tasks  # queued, plus the one being written
+        print(f"[kdkit] exiting with {left} captured case(s) not yet written to {self.store.folder} after "
+              f"{timeout:.0f} s; they are lost (a slow disk or very large cases: capture fewer, "
+              "KDKIT_EVERY or KDKIT_LAYERS)", file=sys.stderr, flush=True)
+        return left

@@ -2,8 +2,11 @@
 as a fresh process (python scenario.py SPEC_JSON), like SGLang's spawned TP workers.
 
 SPEC: {"rank": 0, "world": 1, "steps": [{"layout": "eager"|"graph", "layers": [0, 1],
-        "forward_mode": "TARGET_VERIFY", "graph_capture": false, "inject": null|"raise"|"perturb"|"efbig",
-        "seed": 0}, ...]}
+        "forward_mode": "TARGET_VERIFY", "graph_capture": false, "breakable": false, "repeat": 1,
+        "inject": null|"raise"|"perturb"|"efbig", "seed": 0}, ...]}
+"breakable" runs the step inside SGLang's breakable-CUDA-graph flag (>= 0.5.15: its replays call
+attention eagerly on the real batch; with "graph_capture" too, its capture pass); "repeat" runs the
+step's forward passes N times on the one batch object, as a graph's replays reuse a static batch.
 The KDKIT_* settings and SGLANG_PLUGINS come from the environment. Prints one line
 `RESULT {json}` with, per call, whether the output equals the unhooked forward_extend's bitwise.
 """
@@ -144,7 +147,7 @@ def main(spec: dict) -> dict:
     for i, s in enumerate(spec["steps"]):
         _inject(s.get("inject"))
         st = harness.Step(s.get("layout", "eager"), seed=s.get("seed", i), mode=s.get("forward_mode", "TARGET_VERIFY"))
-        for lid in s.get("layers", [0, 1]):
+        for lid in [lid for _ in range(s.get("repeat", 1)) for lid in s.get("layers", [0, 1])]:
             # the unhooked call first: the first Triton launch of a specialisation compiles and
             # loads it (host syncs of its own), which must not be counted against the hook
             st.reset_pool()
@@ -153,13 +156,15 @@ def main(spec: dict) -> dict:
                 ref = plain(st.backend, q, k, v, st.layers[lid], st.batch)
             ref = ref.clone()
             st.reset_pool()
-            with count_syncs() as hooked_syncs:
+            with count_syncs() as hooked_syncs, contextlib.ExitStack() as scope:
+                if s.get("breakable"):
+                    from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph.context import \
+                        enable_breakable_cuda_graph
+                    scope.enter_context(enable_breakable_cuda_graph())
                 if s.get("graph_capture"):
                     from sglang.srt.model_executor.runner_utils.capture_mode import model_capture_mode
-                    with model_capture_mode():
-                        out = st.forward(lid)
-                else:
-                    out = st.forward(lid)
+                    scope.enter_context(model_capture_mode())
+                out = st.forward(lid)
             calls.append({"step": i, "layer": lid, "equal": bool(torch.equal(out.clone(), ref)),
                           "syncs": [len(hooked_syncs), len(plain_syncs)],
                           "sync_what": hooked_syncs[:3]})

@@ -152,6 +152,20 @@ def test_graph_layout_case_equals_the_eager_one(captured):
 
 
 # ---- validate -----------------------------------------------------------------------------------
+def test_breakable_graph_replays_are_captured_and_counted_as_steps(tmp_path):
+    """SGLang >= 0.5.15 runs prefill (and, opted in, verify) in breakable CUDA graphs, whose
+    replays call attention eagerly on the real batch while get_is_capture_mode() answers True:
+    the capture pass (dummy data) is passed by in silence, each replay of the one static batch is
+    a step of its own, and KDKIT_EVERY counts them."""
+    steps = [{"layout": "graph", "seed": 0, "breakable": True, "graph_capture": True},  # the capture pass
+             {"layout": "graph", "seed": 0, "breakable": True, "repeat": 4}]         # four replays
+    res, lines, _ = run({"steps": steps}, KDKIT_MODE="capture", KDKIT_LAYERS="1", KDKIT_EVERY="2", KDKIT_DIR=tmp_path)
+    _all_equal(res)
+    names = sorted(Path(p).name for p in res["written"])
+    assert [re.search(r"-s(\d+)", n).group(1) for n in names] == ["0", "2"], names
+    assert not [ln for ln in lines if "runs from CUDA graphs" in ln], lines
+
+
 def test_validate_logs_each_call_and_writes_the_failures(tmp_path):
     steps = [{"layout": "eager"}, {"layout": "graph"}, {"layout": "eager", "inject": "raise"},
              {"layout": "graph", "inject": "perturb"}]
