@@ -102,8 +102,9 @@ def spacing(ref: np.ndarray, use: np.ndarray | None = None) -> np.ndarray:
     x = np.maximum(np.abs(r), rms)
     with np.errstate(divide="ignore"):
         e = np.floor(np.log2(np.where(x > 0, x, 1.0)))
-    # an all-zero row: the smallest bf16 subnormal, so any error there is huge in these units
-    return np.where(x > 0, np.ldexp(1.0, (e - 7).astype(int)), 2.0 ** -133)
+    # never finer than bf16's smallest spacing, 2^-133 (its subnormals': below 2^-126 the spacing
+    # stops shrinking), which is also an all-zero row's, so any error there is huge in these units
+    return np.where(x > 0, np.ldexp(1.0, np.maximum(e - 7, -133).astype(int)), 2.0 ** -133)
 
 
 def _ulp_stats(z: np.ndarray, use: np.ndarray) -> dict:
@@ -278,7 +279,8 @@ class Verdict:
 
 def out_floor(ref_max_abs: float, with_production: bool = False) -> float:
     """The bf16 rounding floor for outputs whose largest magnitude is ref_max_abs (see OUT_FLOOR_U)."""
-    return (PROD_FLOOR_U if with_production else OUT_FLOOR_U) * BF16_U * ref_max_abs
+    # (at least bf16's smallest spacing, 2^-133: outputs in its subnormal range round that coarsely)
+    return max((PROD_FLOOR_U if with_production else OUT_FLOOR_U) * BF16_U * ref_max_abs, 2.0 ** -133)
 
 
 def _finite(x) -> bool:

@@ -108,8 +108,10 @@ def _nearest(v) -> str:
     """`ulp_row 0.31`: the check of a verdict nearest its limit, as value / limit."""
     if v is None or not v.checks:
         return "-"
-    name, (val, lim) = max(v.checks.items(), key=lambda kv: kv[1][0] / kv[1][1] if kv[1][1] > 0 else float("inf"))
-    return f"{name} {val / lim:.2g}" if lim > 0 else f"{name} inf"
+    def ratio(val, lim):  # as Verdict.worst_ratio: 0 against a limit of 0 is 0, not inf
+        return val / lim if lim > 0 else (float("inf") if val > 0 else 0.0)
+    name, (val, lim) = max(v.checks.items(), key=lambda kv: ratio(*kv[1]))
+    return f"{name} {ratio(val, lim):.2g}"
 
 
 def _fmt_time(s: float) -> str:

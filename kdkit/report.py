@@ -9,6 +9,7 @@ A report never overwrites an existing file unless asked (force=True / --force): 
 from __future__ import annotations
 
 import datetime as _dt
+import html
 import os
 import re
 import sys
@@ -282,11 +283,11 @@ def render_markdown(reports: list, sources: list | None = None, stopped: list | 
     out += [f"- {k}: {v}" for k, v in m.items()]
     for i, rep in enumerate(reports):
         src = sources[i] if sources and i < len(sources) else None
-        out += ["", f"## {getattr(rep, 'case_id', f'case {i}')}", ""]
+        out += ["", f"## {_md(getattr(rep, 'case_id', f'case {i}'))}", ""]
         if src:
             out.append(f"File: `{src}`  ")
         ok, line = outcome(rep)
-        out += [_summary(rep), "", f"**Result: {line if ok else 'FAIL (' + line + ')'}**", "",
+        out += [_md(_summary(rep)), "", f"**Result: {_md(line) if ok else 'FAIL (' + _md(line) + ')'}**", "",
                 "### Lint", "", "```", _lint_text(rep), "```", "",
                 "### Backends", "", "```", rep.table(), "```", ""]
         if ran(rep):
@@ -298,8 +299,14 @@ def render_markdown(reports: list, sources: list | None = None, stopped: list | 
         if sk:
             out += ["### Skipped", ""] + [f"- {name}: {why}" for name, why in sk] + [""]
     if stopped:
-        out += ["", "## Not replayed", ""] + [f"- `{src}`: {why}" for src, why in stopped]
+        out += ["", "## Not replayed", ""] + [f"- `{src}`: {_md(why)}" for src, why in stopped]
     return "\n".join(out).rstrip() + "\n"
+
+
+def _md(text) -> str:
+    """Text from a case (its id, note, a reason) in Markdown prose: HTML-escaped, since Markdown
+    viewers render raw HTML (a shared case's id is data, not markup)."""
+    return html.escape(str(text), quote=False)
 
 
 def _templates():

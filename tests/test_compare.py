@@ -303,3 +303,17 @@ def test_long_prefix_bug_is_caught_where_one_absolute_limit_missed_it():
     assert m.max_abs < v.limit                     # the old rule alone would have let it through
     assert {"lse", "ulp_row"} <= set(v.caught_by)
     assert "ulp_row" in judge("prefix-only-kv", metrics(bad.out, o), o).caught_by   # without LSE too
+
+
+def test_outputs_in_bf16s_subnormal_range_are_measured_in_its_smallest_spacing():
+    """Below 2^-126 bf16's spacing stops shrinking at 2^-133: a correct backend on a case scaled
+    into that range passes (it failed by 15x at 2^-128, an audit found)."""
+    assert compare.spacing(np.array([[[1e-40, 0.0]]])).min() == 2.0 ** -133
+    assert compare.out_floor(1e-40) == 2.0 ** -133
+    case = synth.make_case(q_len=9, prefix=21, seed=1)
+    s = 2.0 ** -128
+    case = case.clone(kv_buffer=case.kv_buffer * s, k=case.k * s, v=case.v * s)
+    ref, ref_lse = oracle.run(case)
+    got = torch_ref.run(case)
+    v = judge("torch", metrics(got.out, ref, got.lse, ref_lse), ref)
+    assert v.passed, v.caught_by

@@ -281,3 +281,25 @@ def test_bench_results_errors_name_the_field(tmp_path):
     with pytest.raises(bench_results.ResultsError, match=r"rows\[3\]\.gbps"):
         bench_results.load(bad)
     assert bench_results.latest(tmp_path / "none") is None
+
+
+def test_request_marks_of_a_large_batch_are_one_layout_update():
+    """512 requests drew in 2 minutes (a plotly call per line and label): now well under a second
+    of plotly work, every boundary a line, at most MAX_REQUEST_LABELS numbers."""
+    import time
+    bs = 512
+    qo = torch.arange(bs + 1)
+    m = np.zeros((bs, 1))
+    t0 = time.perf_counter()
+    fig = plots.mark_requests(plots.go.Figure(plots.go.Heatmap(z=m.T)), qo, "x")
+    assert time.perf_counter() - t0 < 5
+    assert len(fig.layout.shapes) == bs - 1
+    labels = [a.text for a in fig.layout.annotations]
+    assert len(labels) <= plots.MAX_REQUEST_LABELS and labels[0] == "r0"
+
+
+def test_report_figures_of_a_case_without_query_rows():
+    c = synth.make_case(q_len=0, prefix=5, tree="causal")
+    rep = replay(c, ["torch"])
+    figs = plots.replay_figures(c, rep)
+    assert "metrics" in figs and "tree" not in figs

@@ -208,3 +208,19 @@ def test_outcome_line_says_why_each_backend_failed():
     assert not ok and line.startswith("2 backend(s) failed: torch (fail: ulp_row 3.1 > 2.0 (2x production)), cuda (error: RuntimeError: x")
     assert "\n" not in line and len(line) < 250 and line.endswith("...)")
     assert report.outcome(SimpleNamespace(rows=[Row("oracle", "pass", None, 0.0)])) == (True, "pass")
+
+
+def test_nearest_check_reads_zero_when_a_passing_row_meets_a_zero_limit():
+    from kdkit.replay import _nearest
+    v = type("V", (), {"checks": {"max_abs": (0.0, 0.0), "ulp_mean": (0.0, 0.5)}})()
+    assert _nearest(v) in ("max_abs 0", "ulp_mean 0")
+    v.checks["ulp_mean"] = (0.25, 0.5)
+    assert _nearest(v) == "ulp_mean 0.5"
+
+
+def test_markdown_report_escapes_what_a_case_carries():
+    """A shared case's id is data: Markdown viewers render raw HTML, so it is escaped."""
+    evil = "</script><script>alert(1)</script>"
+    rep = replay(synth.make_case(case_id=evil), ["torch"])
+    md = report.render_markdown([rep])
+    assert "<script>" not in md.split("```")[0] and "&lt;script&gt;" in md
