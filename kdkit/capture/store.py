@@ -9,7 +9,8 @@ counts the case files in the folder, all ranks together, re-read before each wri
 against the file's real size (the case is serialised in memory first); a write that would pass it
 is not made and capturing stops with one line. So does a write that would leave the folder's file
 system with less than KDKIT_MIN_FREE (default 2 GiB) free. Ranks check and write independently, so
-with R ranks writing at the same moment the folder can pass the byte budget by at most R-1 files.
+with R ranks writing at the same moment the folder can pass either budget (count or bytes) by at
+most R-1 files.
 
 The writer is a daemon thread fed through a short queue: the server's thread only enqueues host
 copies (kdkit.capture.record.Snapshot); waiting for the copies, building the case, compacting
