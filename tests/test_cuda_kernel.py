@@ -507,3 +507,25 @@ def test_rejects_bad_nsplit_and_mutant():
         cuda.run(synth.seed_shape(), nsplit=257)
     with pytest.raises(kernel.InputError, match="mutant"):
         cuda.run(synth.seed_shape(), mutant="no-such-bug")
+
+
+def test_rejects_outputs_elsewhere_or_aliased():
+    """An audit's: lse on the host or another device, and an .expand()ed out (rows overwriting
+    each other) reached the kernel."""
+    case = synth.seed_shape()
+    p, x = _plan(case)
+    T, H = case.num_tokens, case.num_heads
+    with pytest.raises(kernel.InputError, match="field 'lse': on cpu"):
+        kernel.run(p, x["q"], x["k"], x["v"], x["kv_buffer"], lse=torch.empty(T, H))
+    aliased = torch.empty(T, 1, 512, dtype=torch.bfloat16, device="cuda").expand(T, H, 512)
+    with pytest.raises(kernel.InputError, match="field 'out'.*share memory"):
+        kernel.run(p, x["q"], x["k"], x["v"], x["kv_buffer"], out=aliased)
+
+
+def test_plans_a_batch_without_query_tokens_and_16_warp_gathers():
+    case = synth.make_case(bs=2, prefix=[4, 7], q_len=0, tree="causal")
+    p, x = _plan(case)
+    out, _ = kernel.run(p, x["q"], x["k"], x["v"], x["kv_buffer"])
+    assert out.shape[0] == 0
+    p, _ = _plan(synth.seed_shape(), nh=2, skip="gather")
+    assert p.config.nt >= 2 and p.config.skip == "gather"

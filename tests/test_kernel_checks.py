@@ -64,3 +64,34 @@ def test_a_layers_tensors_land_in_their_own_fields():
     # the plan's own fields are kept, and the plan's array is not written
     assert int(a["num_heads"][0]) == H and int(a["nsplit"][0]) == 4 and float(a["sm_scale"][0]) == 0.5
     assert int(base["q"][0]) == 0 and np.count_nonzero(base.view(np.int64)[:len(params.PER_LAYER)]) == 0
+
+
+# ---- found by an audit (2026-12-02) --------------------------------------------------------------
+def test_infinite_scale_or_cap_and_oversized_batches_are_refused():
+    """An infinite sm_scale or logit_cap made every score inf (or inf x 0 = NaN): a silent NaN output."""
+    from kdkit.kernel.checks import check_scalars
+    case = synth.seed_shape()
+    for change, field in ((dict(sm_scale=float("inf")), "sm_scale"), (dict(logit_cap=float("inf")), "logit_cap"),
+                          (dict(sm_scale=float("nan")), "sm_scale"), (dict(num_heads=0), "num_heads")):
+        with pytest.raises(InputError, match=f"field '{field}'"):
+            check_scalars(_metadata(case, **change), bs=1)
+    check_scalars(_metadata(case), bs=65535)
+    with pytest.raises(InputError, match="field 'qo_indptr': 65536 requests"):
+        check_scalars(_metadata(case), bs=65536)
+
+
+def test_a_negative_prefix_length_is_refused():
+    import torch
+    case = to_layout(synth.make_case(prefix=21, q_len=9), "unified")
+    with pytest.raises(InputError, match="field 'prefix_lens': negative prefix length -3"):
+        read_sizes(_metadata(case, prefix_lens=torch.tensor([-3])))
+
+
+def test_the_planner_takes_a_batch_without_query_tokens_and_16_warp_gathers():
+    from kdkit.kernel import schedule
+    assert schedule.rows_per_block(0, 5) == 40 and schedule.blocks_per_request(0, 5) == 1
+    nt, ns, skip = schedule.choose_launch(2, 0, 0, 7, 132, 0, False)
+    assert ns >= 1
+    # 16 warps hold an n-tile per half: the gather's block-size search starts at 2 n-tiles
+    nt, ns, skip = schedule.choose_launch(1, 16, 2, 64, 132, 16, True, nt=2, nh=2, skip="gather", nt_fixed=False)
+    assert nt >= 2 and skip == "gather"

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import torch
 
+import math
+
 from ..constants import KV_INDICES_COVER, LAYOUTS, kv_indices_len, prefix_of
 from .spec import DL, DR
 
 D = DL + DR
+MAX_BATCH = 65535  # requests per launch: CUDA's gridDim.z
 
 
 class InputError(ValueError):
@@ -53,12 +56,24 @@ def check_metadata(m) -> None:
         require(m.mask_indptr.numel() == bs + 1, "mask_indptr",
                 f"{m.mask_indptr.numel()} entries, want bs+1 = {bs + 1} start offsets as SGLang passes them "
                 "(a kernel-side [:bs] slice is the seed's mask_indptr bug; run `kdkit inspect`)")
+    check_scalars(m, bs)
+    for name, t in (("kv_indptr", m.kv_indptr), ("kv_indices", m.kv_indices), ("prefix_lens", m.prefix_lens),
+                    ("custom_mask", m.custom_mask), ("mask_indptr", m.mask_indptr)):
+        require(t is None or t.device == m.qo_indptr.device, name, f"on {t.device if t is not None else ''}, "
+                f"qo_indptr on {m.qo_indptr.device}: the batch metadata lives on one GPU (.to(qo_indptr.device))")
+
+
+def check_scalars(m, bs: int) -> None:
+    """The plan's numbers (no tensor read): heads, scale, cap, batch size."""
     require(m.num_heads >= 1, "num_heads", f"{m.num_heads}; at least 1")
-    require(m.sm_scale > 0, "sm_scale", f"{m.sm_scale} must be > 0")
-    require(m.logit_cap >= 0, "logit_cap", f"{m.logit_cap} must be >= 0 (0 = no cap)")
-    devs = {t.device for t in (m.qo_indptr, m.kv_indptr, m.kv_indices, m.prefix_lens, m.custom_mask,
-                               m.mask_indptr) if t is not None}
-    require(len(devs) == 1, "kv_indices", f"the metadata spans devices {sorted(map(str, devs))}")
+    # finite: an infinite scale or cap makes every score inf or inf x 0 = NaN, a silent NaN output
+    require(math.isfinite(m.sm_scale) and m.sm_scale > 0, "sm_scale",
+            f"{m.sm_scale} must be finite and > 0 (the attention layer's scaling)")
+    require(math.isfinite(m.logit_cap) and m.logit_cap >= 0, "logit_cap",
+            f"{m.logit_cap} must be finite and >= 0 (0 = no cap)")
+    # gridDim.z holds the requests: CUDA's limit
+    require(bs <= MAX_BATCH, "qo_indptr", f"{bs} requests; the kernel's grid holds at most {MAX_BATCH}: "
+            "split the batch")
 
 
 def read_sizes(m, values: bool = True) -> dict:
@@ -73,6 +88,9 @@ def read_sizes(m, values: bool = True) -> dict:
         require(int(kvp[0]) == 0 and bool((pool_lens >= 0).all()) and int(kvp[-1]) <= m.kv_indices.numel(),
                 "kv_indptr", f"must rise from 0 to at most len(kv_indices)={m.kv_indices.numel()}")
     pfx = m.prefix_lens.long().cpu() if m.prefix_lens is not None else None
+    if values and pfx is not None:
+        require(bool((pfx >= 0).all()), "prefix_lens", f"negative prefix length {int(pfx.min())}: "
+                "prefix_lens are the requests' committed KV lengths (forward_batch.seq_lens - q_len)")
     if values and pfx is not None:  # unified always has prefix_lens (check_metadata)
         why = {"unified": "(prefix + out_cache_loc); kv_indices covering only the prefix is the seed's bug "
                           "(run `kdkit inspect`)",
@@ -85,7 +103,8 @@ def read_sizes(m, values: bool = True) -> dict:
     used = m.kv_indices[: int(kvp[-1])]
     pool_rows = int(used.max()) + 1 if used.numel() else 0
     if values and used.numel():
-        require(int(used.min()) >= 0, "kv_indices", f"negative slot {int(used.min())}")
+        require(int(used.min()) >= 0, "kv_indices", f"negative slot {int(used.min())}: slots index the "
+                "KV pool's rows from 0; capture kv_indices as SGLang built them")
     if values and m.custom_mask is not None:
         mip = m.mask_indptr.long().cpu()
         need = q_lens * (prefix + q_lens)
@@ -93,7 +112,8 @@ def read_sizes(m, values: bool = True) -> dict:
                 f"offsets {mip.tolist()[:6]}... do not match the blocks q_len*(prefix+q_len) = {need.tolist()[:6]}...")
         # <=: SGLang's CUDA-graph mask is a preallocated buffer, longer than the live blocks
         require(int(mip[-1]) <= m.custom_mask.numel(), "custom_mask",
-                f"{m.custom_mask.numel()} entries, the mask_indptr says {int(mip[-1])}")
+                f"{m.custom_mask.numel()} entries, the mask_indptr says {int(mip[-1])}: pass the whole "
+                "mask (spec_info.custom_mask), not a slice of it")
     kv_lens = prefix + q_lens
     return {"bs": int(q_lens.numel()), "num_tokens": T, "max_q_len": int(q_lens.max()),
             "max_kv_len": int(kv_lens.max()), "pool_rows_needed": pool_rows}
@@ -123,6 +143,12 @@ def check_tensors(plan, q, k, v, kv_buffer, out, lse) -> None:
         require(tuple(out.shape) == (T, H, DL) and out.dtype == torch.bfloat16, "out",
                 f"{tuple(out.shape)} {out.dtype}, want ({T}, {H}, {DL}) bfloat16")
         _rows16(out, "out")
+        require(out.device == plan.device, "out", f"on {out.device}, the plan is for {plan.device}")
+        # every (token, head) row its own memory: a stride of 0 (an expanded tensor) would have
+        # the rows overwrite each other
+        require(all(st > 0 for st, n in zip(out.stride()[:-1], out.shape[:-1]) if n > 1), "out",
+                f"strides {out.stride()}: rows share memory (an .expand()ed tensor?); allocate it with torch.empty")
     if lse is not None:
         require(tuple(lse.shape) == (T, H) and lse.dtype == torch.float32 and lse.is_contiguous(), "lse",
                 f"{tuple(lse.shape)} {lse.dtype}, want contiguous ({T}, {H}) float32")
+        require(lse.device == plan.device, "lse", f"on {lse.device}, the plan is for {plan.device}")

@@ -32,6 +32,8 @@ def choose_nt(rows: int) -> int:
 
 def rows_per_block(rows: int, nt: int) -> int:
     """Spread a request's rows evenly over its blocks, in whole n-tiles of 8."""
+    if rows <= 0:  # a batch without query tokens: one (idle) block of the full size
+        return 8 * nt
     blocks = cdiv(rows, 8 * nt)
     return min(8 * nt, 8 * cdiv(cdiv(rows, blocks), 8))
 
@@ -165,7 +167,7 @@ def choose_launch(bs: int, rows: int, max_q_len: int, max_kv_len: int, sm_count:
         skip = choose_skip(max_q_len, max_kv_len, masked, nt, nh, nt_free=not nt_fixed)
     if skip == "gather" and not nt_fixed:
         options = [choose(bs, rows, max_kv_len, sm_count, total_rows, nt=t, nsplit=nsplit)
-                   for t in range(1, GATHER_MAX_NT + 1)]
+                   for t in range(max(1, nh), GATHER_MAX_NT + 1)]  # (16 warps: an n-tile per half)
         nt, ns = min(options, key=lambda o: (modelled_us(bs, blocks_per_request(rows, o[0]), max_kv_len, o[0], o[1],
                                                          sm_count), -o[0]))
     return nt, ns, skip
