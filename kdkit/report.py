@@ -200,12 +200,19 @@ def failed(rep) -> list:
 
 
 def outcome(rep) -> tuple[bool, str]:
-    """(ok, one line): the backends that failed or errored, and lint errors, or 'pass'."""
+    """(ok, one line): the backends that failed or errored, and lint errors, or 'pass'. A replay
+    in which no backend was judged against the reference (all skipped, or only the reference
+    itself asked for) is not a pass: nothing was checked."""
     bad = failed(rep)
     lint_errors = sorted({f.code for f in _findings(rep) if f.severity == "error"})
     parts = []
     if bad:  # each with why: a one-line verdict must be enough to tell a failed check from a crash
         parts.append(f"{len(bad)} backend(s) failed: " + ", ".join(_why_bad(r) for r in bad))
+    against = getattr(rep, "against", "oracle")
+    if not bad and not any(r.status == "pass" and r.backend != against for r in rows_of(rep)):
+        sk = skipped(rep)
+        parts.append("nothing judged" + (": " + "; ".join(f"{b} skipped ({why})" for b, why in sk) if sk
+                                         else f": no backend beside {against} was asked for"))
     if lint_errors:
         parts.append(f"lint errors: {', '.join(lint_errors)}")
     return (not parts, "; ".join(parts) if parts else "pass")

@@ -207,7 +207,13 @@ def test_outcome_line_says_why_each_backend_failed():
     ok, line = report.outcome(rep)
     assert not ok and line.startswith("2 backend(s) failed: torch (fail: ulp_row 3.1 > 2.0 (2x production)), cuda (error: RuntimeError: x")
     assert "\n" not in line and len(line) < 250 and line.endswith("...)")
-    assert report.outcome(SimpleNamespace(rows=[Row("oracle", "pass", None, 0.0)])) == (True, "pass")
+    assert report.outcome(SimpleNamespace(rows=[Row("oracle", "pass", None, 0.0),
+                                                Row("torch", "pass", None, 0.0)])) == (True, "pass")
+    # nothing judged is no pass (an audit's: a CPU replay of --backends cuda read PASS)
+    assert report.outcome(SimpleNamespace(rows=[Row("oracle", "pass", None, 0.0)])) == (
+        False, "nothing judged: no backend beside oracle was asked for")
+    ok, line = report.outcome(SimpleNamespace(rows=[Row("cuda", "skipped", None, 0.0, reason="cuda: no CUDA GPU")]))
+    assert not ok and line == "nothing judged: cuda skipped (no CUDA GPU)"
 
 
 def test_nearest_check_reads_zero_when_a_passing_row_meets_a_zero_limit():
