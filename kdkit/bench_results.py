@@ -40,6 +40,9 @@ def check(data, where: str = "results") -> dict:
         if not isinstance(data.get(k), typ):
             raise ResultsError(f"{where}: field {k!r} must be a {typ.__name__} (kdkit bench writes it); "
                                f"got {type(data.get(k)).__name__}")
+    if not data["rows"]:
+        raise ResultsError(f"{where}: the file has no rows (a bench run that measured nothing?); "
+                           "give a run's JSON with its rows")
     for i, r in enumerate(data["rows"]):
         at = f"{where}: rows[{i}]"
         if not isinstance(r, dict):
@@ -198,8 +201,17 @@ def nsplit_sweep(shape_set: str = "nsplit", **override) -> dict:
         raise ValueError(f"shape set {shape_set!r} mixes {one}: an NSPLIT x prefix sweep is of one (bs, q_len, heads)")
     sweep = {"prefixes": sorted({r["prefix"] for r in rows}), **{k: v[0] for k, v in one.items()}}
     for k, v in override.items():
-        if v is not None:
-            sweep[k] = list(v) if k == "prefixes" else v
+        if v is None:
+            continue
+        if k == "prefixes":
+            if isinstance(v, (str, bytes)) or not hasattr(v, "__iter__") or not all(
+                    isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v):
+                raise ValueError(f"prefixes = {v!r}: a list of prefix lengths, e.g. [21, 4096] (or None for "
+                                 f"the shape set's)")
+            v = list(v)
+        elif not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{k} = {v!r}: a positive integer (or None for the shape set's)")
+        sweep[k] = v
     return sweep
 
 
@@ -229,10 +241,18 @@ def obtain(results_path: str | os.PathLike | None = None, live: bool | None = No
     if live is None:
         live = gpu_here() is not None and not results_path
     if live:
+        if gpu_here() is None:
+            raise ValueError("live = True measures on a CUDA GPU and there is none here: set live = None "
+                             "(or False) to read results_path or the latest committed run")
         res = measure(**sweep)
         return res, f"measured live on {res['gpu']} ({res['date']})"
     if isinstance(results_path, (list, tuple)):
         paths = [Path(p) for p in results_path]
+    elif results_path and Path(results_path).is_dir():  # a directory: its newest run set
+        paths = latest(results_path)
+        if not paths:
+            raise FileNotFoundError(f"results_path = {str(results_path)!r}: a directory with no kdkit bench "
+                                    "results (*.json) in it; name a results file or a directory that holds some")
     else:
         paths = [Path(results_path)] if results_path else latest()
     if not paths:

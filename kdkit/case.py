@@ -428,6 +428,8 @@ def load(path: str | os.PathLike, allow_nonfinite: bool = False) -> Case:
     sizes), then the structure (validate), then the values (check_values; allow_nonfinite=True
     skips its NaN/inf part, to inspect a broken capture)."""
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path}: a directory; give one case file (.pt) in it")
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such case file")
     with open(path, "rb") as fh:

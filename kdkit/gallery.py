@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
+import torch
+
 from . import fixes, lint, replay, report
 from .case import Case, load
 
@@ -29,17 +31,32 @@ class Entry:
 
     @property
     def caught(self) -> bool:
+        """The lint named the bad file, or the judge failed the bad build: a torch row that
+        *errored* (a crash, a refused option) is not a catch."""
+        if self.kind == "mutant":
+            return self.before.row("torch").status == "fail"
         return not report.outcome(self.before)[0]
+
+    @property
+    def inert(self) -> bool:
+        """The mutant computed exactly what the correct build did on this case (a merge bug with
+        one split, a head bug with one head, no query rows): nothing there to catch."""
+        if self.kind != "mutant" or self.caught:
+            return False
+        a, b = (getattr(r, "outputs", {}).get("torch") for r in (self.before, self.after))
+        return a is not None and b is not None and a.shape == b.shape and bool(torch.equal(a, b))
 
     @property
     def fixed(self) -> bool:
         return report.outcome(self.after)[0]
 
     def row(self) -> dict:
+        verdict = ("pass" if self.caught and self.fixed else "inert here (same output as the correct build)"
+                   if self.inert else "NOT caught" if not self.caught else "fix failed")
         return {"failure": self.name, "kind": self.kind, "caught": self.caught,
                 "by": "lint" if self.kind == "marshaling" else "judge",
                 "before": report.outcome(self.before)[1], "after": report.outcome(self.after)[1],
-                "verdict": "pass" if self.caught and self.fixed else "NOT caught" if not self.caught else "fix failed"}
+                "verdict": verdict}
 
     def text(self) -> str:
         return "\n".join([f"== {self.name} ({self.kind}): {self.what}", "", "-- replayed:",
@@ -100,5 +117,10 @@ def gallery(failure_paths, mutant_case: Case | None = None, **torch_opts) -> tup
     elif mutant_case is not None:
         findings = lint.check(mutant_case)
         after = replay.replay(mutant_case, BACKENDS, findings=findings, torch=dict(torch_opts))
+        ok, line = report.outcome(after)
+        if not ok:  # every mutant would read as "caught" against a build that fails by itself
+            opts = f" with {', '.join(f'{k}={v!r}' for k, v in torch_opts.items())}" if torch_opts else ""
+            raise ValueError(f"mutant_case {mutant_case.case_id}: the correct build does not pass on it{opts} "
+                             f"({line}); give a case (and options, e.g. a split count >= 1) the torch backend passes")
         entries += [mutant(n, mutant_case, d, after=after, findings=findings, **torch_opts) for n, d in reg.items()]
     return entries, notes

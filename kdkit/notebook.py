@@ -46,6 +46,16 @@ def resolve(path: str | os.PathLike) -> Path:
     raise FileNotFoundError(f"{path}: not found (tried {', '.join(str(t) for t in tried)})")
 
 
+def resolve_paths(spec) -> Path | list[Path] | None:
+    """A notebook's path parameter that may be empty, one path or a list of them, each resolved
+    as resolve() does ("" or None: None)."""
+    if not spec:
+        return None
+    if isinstance(spec, (list, tuple)):
+        return [resolve(p) for p in spec]
+    return resolve(spec)
+
+
 def case_files(directory: str | os.PathLike) -> list[Path]:
     """Every case file (*.pt) under `directory`, sorted by their path below it."""
     d = resolve(directory)
@@ -158,8 +168,11 @@ class ReplayExplorer:
                 return
         _, t, h = plots.worst_row(self.view.rep)
         self._quiet = True
-        self.token.max, self.head.max = self.view.case.num_tokens - 1, self.view.case.num_heads - 1
-        self.token.value, self.head.value = t, h
+        T = self.view.case.num_tokens  # 0: a case without query rows; the slider has nothing to pick
+        self.token.min, self.token.max = 0, max(T - 1, 0)
+        self.token.disabled = T == 0
+        self.head.max = self.view.case.num_heads - 1
+        self.token.value, self.head.value = min(t, max(T - 1, 0)), h
         self._quiet = False
         self._draw()
 
@@ -189,6 +202,7 @@ def capture_rows(directory, backends="oracle,torch", limit: int | None = None,
     holds thousands, each replayed); progress: a tqdm bar (a widget in JupyterLab, text elsewhere)."""
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ValueError(f"limit = {limit!r}: a positive number of case files, or None for all of them")
+    names = backend_list(backends)  # an unknown name: refused once, here, not once per case
     rows = []
     root = resolve(directory)
     files = case_files(root)[:limit]
@@ -211,7 +225,7 @@ def capture_rows(directory, backends="oracle,torch", limit: int | None = None,
                    shapes=(f"bs {case.batch_size}, H {case.num_heads}, q_len {_span(ql)}, prefix {_span(pf)}"),
                    lint=report.lint_line(_lint.check(case)))
         try:
-            ok, line = report.outcome(replay.replay(case, backend_list(backends)))
+            ok, line = report.outcome(replay.replay(case, names))
             row["verdict"] = "pass" if ok else line
         except Exception as e:
             row["verdict"] = f"replay stopped: {type(e).__name__}: {e}"

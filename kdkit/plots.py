@@ -152,7 +152,8 @@ def error_heatmap(m: Metrics | Verdict, case_id: str, backend: str, against: str
                                  marker={"symbol": "x", "color": "red", "size": 9}))
     if qo_indptr is not None:
         mark_requests(fig, qo_indptr, "x")
-    detail = (f"max |diff| per head x query token; worst {m.max_abs:.2e} at token {t} head {h} dim {d}"
+    where = f" at token {t} head {h} dim {d}" if z.size else " (the case has no query rows)"
+    detail = (f"max |diff| per head x query token; worst {m.max_abs:.2e}{where}"
               + (f", limit {limit:.2e}" if limit is not None else ""))
     return _finish(fig, f"{case_id}: {backend} vs {against}", detail,
                    xaxis_title="query token", yaxis_title="head")
@@ -490,6 +491,9 @@ def replay_figures(case, report, token: int | None = None, head: int | None = No
     the worst backend's error along KV; the request's tree and mask, its visibility; the oracle's
     probabilities. token/head pick the row (None or -1: the worst row). Needs a case the oracle
     can read (a mis-marshaled one gets the metrics alone)."""
+    for name, v in (("token", token), ("head", head)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))):
+            raise ValueError(f"{name} = {v!r}: a whole number (0-based), or None / -1 for the worst row")
     figs = {"metrics": metrics_bar(report)}
     for r in report.rows:
         if r.verdict is not None and r.backend != report.against:

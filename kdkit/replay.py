@@ -169,9 +169,12 @@ def replay(case, backends: str | Iterable[str], against: str = "oracle", run_lin
     if isinstance(backends, str):
         backends = _backends.resolve(backends)
     names = list(dict.fromkeys(backends))          # de-duplicated, order kept
-    unknown = [n for n in [*names, against] if n != "oracle" and n not in _backends.BACKENDS]
+    unknown = [n for n in names if n != "oracle" and n not in _backends.BACKENDS]
     if unknown:
         raise KeyError(f"unknown backend(s) {unknown}; choose from {', '.join(_backends.BACKENDS)}")
+    if against != "oracle" and against not in _backends.BACKENDS:
+        raise KeyError(f"against={against!r} is not a backend; judge against oracle (the default) or one of "
+                       f"{', '.join(_backends.BACKENDS)}")
     stray = [k for k in opts if k not in _backends.BACKENDS]
     if stray:
         raise TypeError(f"replay options {stray} are not backend names; pass per-backend options "

@@ -320,3 +320,8 @@ def test_an_unknown_part_or_parameter_is_refused_not_dropped(saved, tmp_path, pa
     (rec["params"] if part == "params" else rec)["k_scale"] = 0.5
     field = "params.k_scale" if part == "params" else "k_scale"
     _expect(_save_record(rec, tmp_path / "extra.pt"), field, "would be lost on the next save")
+
+
+def test_a_directory_is_not_a_missing_file(tmp_path):
+    with pytest.raises(IsADirectoryError, match="a directory; give one case file"):
+        load(tmp_path)

@@ -284,3 +284,39 @@ def test_nsplit_measures_live_on_a_gpu(tmp_path):
     assert res["source"].startswith("measured live on"), res["source"]
     assert [r["prefix"] for r in res["summary"]] == [21, 4096]
     assert all(r["auto_us"] > 0 for r in res["summary"]) and len(outputs(nb, PLOTLY)) == 5
+
+
+# ---- found by an audit (2026-12-02): each failed deep inside pandas, traitlets or pathlib ------------
+def test_explorer_takes_a_case_without_query_rows(tmp_path):
+    pytest.importorskip("ipywidgets")
+    from kdkit import synth
+    path = synth.make_case(q_len=0, prefix=5, tree="causal", case_id="empty").save(tmp_path / "empty.pt")
+    ex = knb.ReplayExplorer(knb.ReplayView.load(path), tmp_path, "oracle,torch")
+    assert (ex.token.max, ex.token.value, ex.token.disabled) == (0, 0, True)
+
+
+def test_notebook_parameters_are_checked_by_name(tmp_path):
+    from kdkit import bench_results as br
+    from kdkit import plots, synth
+    from kdkit.replay import replay
+    case = synth.seed_shape()
+    rep = replay(case, ["oracle", "torch"])
+    with pytest.raises(ValueError, match=r"token = 3\.0: a whole number"):
+        plots.replay_figures(case, rep, token=3.0)
+    with pytest.raises(ValueError, match="unknown backend"):
+        knb.capture_rows(DATA, backends="nope", progress=False)
+    with pytest.raises(KeyError, match="against='nope'"):
+        replay(case, ["torch"], against="nope")
+    with pytest.raises(ValueError, match=r"prefixes = 5: a list"):
+        br.nsplit_sweep("nsplit", prefixes=5)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="results_path = .*no kdkit bench results"):
+        br.obtain(str(tmp_path / "empty"), live=False)
+    res, where = br.obtain(str(ROOT / "benchmarks" / "results"), live=False)  # a directory: its newest run
+    assert res["rows"] and "committed results" in where
+    assert knb.resolve_paths("") is None and len(knb.resolve_paths([str(DATA / "seed-shape.pt")] * 2)) == 2
+    if br.gpu_here() is None:
+        with pytest.raises(ValueError, match="live = True measures on a CUDA GPU"):
+            br.obtain(None, live=True)
+    with pytest.raises(br.ResultsError, match="no rows"):
+        br.check({**res, "rows": []})
