@@ -151,9 +151,10 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
             f"q_len up to {spec.GATHER_NOMASK_MAX_Q} (without a mask there is nothing to gather: skip=False)")
     try:
         cfg = spec.KernelConfig(nt=nt, mutant=mutant, nh=nh, skip=skip, **idx)
-    except (KeyError, ValueError) as e:  # the config's own message names what it refused
-        field = "mutant" if mutant is not None and "mutant" in str(e).lower() else str(e).split("=")[0].strip() or "nt"
-        raise InputError(f"field '{field}': {e}") from None
+    except spec.ConfigError as e:
+        raise InputError(f"field '{e.field}': {e}") from None
+    except (KeyError, ValueError) as e:  # kdkit.mutants refuses an unknown name
+        raise InputError(f"field 'mutant': {e}") from None
     rpc = schedule.rows_per_block(rows, nt)
     blocks = schedule.blocks_per_request(rows, nt)
     if ns > 1 and ns * total_rows * spec.DL * 4 > schedule.WORKSPACE_LIMIT:

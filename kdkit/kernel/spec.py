@@ -38,6 +38,14 @@ _CTYPES = {torch.int32: "kd_i32", torch.int64: "kd_i64"}
 _SHORT = {torch.int32: "i32", torch.int64: "i64"}
 
 
+class ConfigError(ValueError):
+    """A build option out of range; `field` names the option (plan's InputError names it too)."""
+
+    def __init__(self, field: str, msg: str):
+        super().__init__(msg)
+        self.field = field
+
+
 @dataclass(frozen=True)
 class KernelConfig:
     nt: int = DEFAULT_NT      # query rows per block = 8 * nt
@@ -53,14 +61,14 @@ class KernelConfig:
 
     def __post_init__(self):
         if self.nt not in NT_CHOICES:
-            raise ValueError(f"nt={self.nt}: choose one of {NT_CHOICES} (query rows per block = 8 * nt)")
+            raise ConfigError("nt", f"nt={self.nt}: choose one of {NT_CHOICES} (query rows per block = 8 * nt)")
         if self.nh not in NH_CHOICES or self.nt < self.nh:
-            raise ValueError(f"nh={self.nh}: choose one of {NH_CHOICES}, at most nt={self.nt} (each query "
+            raise ConfigError("nh", f"nh={self.nh}: choose one of {NH_CHOICES}, at most nt={self.nt} (each query "
                              "half holds an n-tile)")
         if self.skip not in SKIP_CHOICES:
-            raise ValueError(f"skip={self.skip!r}: choose one of {SKIP_CHOICES}")
+            raise ConfigError("skip", f"skip={self.skip!r}: choose one of {SKIP_CHOICES}")
         if self.skip == "gather" and self.nt > GATHER_MAX_NT:
-            raise ValueError(f"skip='gather' with nt={self.nt}: the column list fits in shared memory up to "
+            raise ConfigError("skip", f"skip='gather' with nt={self.nt}: the column list fits in shared memory up to "
                              f"nt={GATHER_MAX_NT} (use skip=True, the step skip, at {self.nt} n-tiles)")
         mutants.defines(self.mutant)  # raises on an unknown name
 
