@@ -94,7 +94,7 @@ using bf16 = __nv_bfloat16;
 #define KD_KSTEPS (KD_D / 16 / KD_KG)   // k-steps of 16 dims per warp (9)
 #define KD_CHUNKS (KD_D / 8)            // 16-byte chunks per KV row (72)
 #define KD_ROW_BYTES (KD_D * 2)
-#define KD_VDIMS_WARP (KD_DL / KD_WARPS)  // output dims per warp (64)
+#define KD_VDIMS_WARP (KD_DL / KD_WARPS)  // output dims per warp (64; 32 at KD_NH 2)
 #define KD_VMT (KD_VDIMS_WARP / 16)     // output m-tiles per warp (4; 2 at KD_NH 2)
 #define KD_VCH (KD_VDIMS_WARP / 8)      // 16-byte chunks of V per warp
 #define KD_SPITCH 36                    // score tile pitch (fp32): word 8t+g, no bank conflict
@@ -271,7 +271,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   // one pool index per thread per step, fetched three steps ahead, the row pulled into L2 two steps
   // ahead, and copied to shared memory (cp.async) one step ahead, so no copy waits on an index.
   const bool loader = tid < KD_LD_THREADS;  // warp-uniform; the other warps commit empty groups
-  const int ld_row = (tid >> 3) & (KD_BN - 1), ld_c0 = tid & 7;
+  const int ld_row = (tid / 8) & (KD_BN - 1), ld_c0 = tid & 7;
   // chunk ld_c0 + 8j of the row lands at ld_dst + 128 j: the swizzle permutes within groups of 8,
   // so the nine copies of a step share one address register and use immediate offsets
   const kd_u32 ld_dst = tile_off(ld_row, ld_c0);
@@ -291,17 +291,18 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   // stream different steps: each pulls its own.)
   const bool puller = loader && (KD_SKIP || tile == 0);
   auto prefetch_l2 = [&](const bf16* src) {
-    if (!puller || src == nullptr) return;  // 9 lines of 128 B per KV row: ld_c0 and, for ld_c0 0, line 8
-    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src + ld_c0 * 64));
-    if (ld_c0 == 0) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src + 8 * 64));
+    if (!puller || src == nullptr) return;  // 9 lines of 128 B per KV row: line ld_c0 + 8 l
+#pragma unroll
+    for (int l = 0; l < 9; l += 8)
+      if (ld_c0 + l < 9) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src + (ld_c0 + l) * 64));
   };
   auto copy_step = [&](int stage, const bf16* src) {
-    const kd_u32 dst = s_ring + stage * KD_STAGE_BYTES + ld_dst;
+    const kd_u32 dst = s_ring + stage * KD_STAGE_BYTES;
     const bool valid = src != nullptr;
     const bf16* from = (valid ? src : pool) + ld_c0 * 8;  // src-size 0 reads nothing when !valid
     if (loader) {
 #pragma unroll
-      for (int j = 0; j < KD_CHUNKS / 8; ++j) kd::cp_async_16(dst + j * 128, from + j * 64, valid);
+      for (int j = 0; j < KD_CHUNKS / 8; ++j) kd::cp_async_16(dst + ld_dst + j * 128, from + j * 64, valid);
     }
     kd::cp_async_commit();
   };
@@ -436,11 +437,13 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   }
 
   // ---- Q as B fragments, this warp's dim group only: B[k = dim][n = row] = q[row][dim] --------
+  // QK warp: KV m-tile mg, dim group dg, query half nh
   const int mg = warp & 1, dg = (warp >> 1) & (KD_KG - 1), nh = warp / (2 * KD_KG);
   const int nt0 = nh * KD_NTH;  // this warp's first query n-tile in QK
-  // does this QK warp's n-tile nt exist / softmax column warp + KD_WARPS j exist (warp-uniform)
+  // does this QK warp's n-tile nt exist / softmax column col_of(j) exist (warp-uniform)
   auto has_tile = [&](int nt) { return KD_EVEN || nt0 + nt < KD_NT; };
-  auto has_col = [&](int j) { return KD_WARPS * KD_NTH == KD_NQ || warp + KD_WARPS * j < KD_NQ; };
+  auto col_of = [&](int j) { return warp + KD_WARPS * j; };  // this warp's softmax column j
+  auto has_col = [&](int j) { return KD_WARPS * KD_NTH == KD_NQ || col_of(j) < KD_NQ; };
   // qf[nt][ks] = {q[8nt + g][d + 2t, +1], q[8nt + g][d + 8 + 2t, +1]}, d = 16 (dg + 4 ks) (k-step
   // dg + 4 ks: see the QK loop). ldmatrix matrix m of a lane's x4 is 8 Q rows x 8 dims: k-step
   // ks + (m >> 1), dims + 8 (m & 1); its lane (g, t) receives row g, dims 2t, 2t + 1
@@ -533,9 +536,10 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   }
   __syncthreads();  // the first step copies the next tile over Q (and the skip table is published)
 
-  float m_run[KD_NTH], l_run[KD_NTH];  // softmax state of columns warp + KD_WARPS j: max (log2
-                                       // units, the warp's), this lane's share of the sum
-  float o[KD_VMT][KD_NT][4];  // O^T fragments: dims KD_VDIMS_WARP*warp + 16*mt + (g, g+8), cols 8nt + 2t (+1)
+  float m_run[KD_NTH], l_run[KD_NTH];  // softmax state of columns col_of(j): max (log2
+                                           // units, the warp's), this lane's share of the sum
+  // O^T fragments: dims KD_VDIMS_WARP warp + 16 mt + (g, g + 8), cols 8 nt + 2t (+1)
+  float o[KD_VMT][KD_NT][4];
 #pragma unroll
   for (int j = 0; j < KD_NTH; ++j) { m_run[j] = KD_M_FLOOR; l_run[j] = 0.f; }
 #pragma unroll
@@ -545,11 +549,206 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
 #pragma unroll
       for (int x = 0; x < 4; ++x) o[mt][nt][x] = 0.f;
 
-  // bit j: query column warp + KD_WARPS j holds a row; a step wholly inside the prefix sees all of it
+  // bit j: query column col_of(j) holds a row; a step wholly inside the prefix sees all of it
   kd_u32 vis_live = 0;
 #pragma unroll
-  for (int j = 0; j < KD_NTH; ++j) vis_live |= warp + KD_WARPS * j < nrows ? 1u << j : 0u;
+  for (int j = 0; j < KD_NTH; ++j) vis_live |= has_col(j) && col_of(j) < nrows ? 1u << j : 0u;
 
+  // ---- the phases of a step, called in order by the step loop below
+
+  // which of this lane's scores of step it (start: its first row) are visible: bit j for query
+  // column col_of(j), KV row start + lane (gathered: the column list's row). A step wholly inside
+  // the prefix (every step but a split's last, mostly) sees all of it; otherwise the mask's bytes
+  // are loaded here, all at once, and arrive during QK.
+  auto step_vis = [&](int it, int start) -> kd_u32 {
+    const bool gathered = KD_GATHER && it >= nlin;  // block-uniform: rows from the column list
+    const int pos = KD_GATHER ? pos_of(it, lane) : start + lane;
+    const bool plain = !gathered && start + KD_BN <= prefix && start + KD_BN <= kv_end;  // block-uniform
+    if (plain) return vis_live;
+    kd_u32 vis = 0;
+#pragma unroll
+    for (int j = 0; j < KD_NTH; ++j) {
+      bool visible = ((vis_live >> j) & 1u) && pos < kv_end;  // idle columns (q >= nrows) see nothing: p = 0
+      if (visible && pos >= prefix) {
+        const int i = sTok[col_of(j)], jc = pos - prefix;
+        if (mask)
+          visible = mask[mask_base + static_cast<kd_i64>(KD_MUT_MASK_ROW(i, n)) * mask_pitch + prefix +
+                         KD_MUT_MASK_COL(jc, n)] != 0;
+        else
+          visible = !p.causal || jc <= i;
+      }
+      vis |= visible ? 1u << j : 0u;
+    }
+    return vis;
+  };
+
+  // QK: partial S^T of KV m-tile mg over dim group dg, into sS[dg][col][row]
+  auto qk_phase = [&](kd_u32 s_tile) {
+    float s[KD_NTH][4];
+#pragma unroll
+    for (int nt = 0; nt < KD_NTH; ++nt)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) s[nt][x] = 0.f;
+    // dim group dg takes k-steps dg, dg + 4, ..., dg + 32: the 16-byte chunk of k-step dg + 4 ks is
+    // 2 dg + 8 ks (+1 for lanes 16..31), and its swizzled place is ((2 dg + hi) ^ (row & 7)) + 8 ks,
+    // so a lane's address is one register plus a compile-time offset per k-step
+    const int lr = mg * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;  // this lane's ldmatrix row
+    const kd_u32 a_lane = s_tile + lr * KD_ROW_BYTES + ((((2 * dg + (lane >> 4)) ^ KD_MUT_SWZ_READ(lr)) & 7) << 4);
+    // A fragments double-buffered: k-step ks + 1's ldmatrix is in flight while ks's MMAs issue
+    // (at 16 warps, 128 registers, single-buffered: the other warps hide the load instead)
+    constexpr int kABufs = KD_NH == 2 ? 1 : 2;
+    kd_u32 a[2][4];
+    kd::ldsm_x4(a_lane, a[0]);
+#pragma unroll
+    for (int ks = 0; ks < KD_KSTEPS; ++ks) {
+      if (kABufs == 1 && ks > 0) kd::ldsm_x4(a_lane + ks * 128, a[0]);
+      if (kABufs == 2 && ks + 1 < KD_KSTEPS) kd::ldsm_x4(a_lane + (ks + 1) * 128, a[(ks + 1) & 1]);
+      if (KD_MUT_QK_DIMS(KD_D) < KD_D && (dg + KD_KG * ks) * 16 >= KD_MUT_QK_DIMS(KD_D)) continue;
+#pragma unroll
+      for (int nt = 0; nt < KD_NTH; ++nt)
+        if (has_tile(nt)) kd::mma_bf16(s[nt], a[kABufs == 2 ? ks & 1 : 0], qf[nt][ks][0], qf[nt][ks][1]);
+    }
+    // S^T fragment (row = KV mg*16 + g (+8), col = query 8 (nt0 + nt) + 2t (+1)) -> sS[dg][col][row]
+#pragma unroll
+    for (int nt = 0; nt < KD_NTH; ++nt) {
+      if (!has_tile(nt)) continue;
+      float* d0 = sS + (dg * KD_NQ + (nt0 + nt) * 8 + 2 * t) * KD_SPITCH + mg * 16 + g;
+      d0[0] = s[nt][0];
+      d0[KD_SPITCH] = s[nt][1];
+      d0[8] = s[nt][2];
+      d0[KD_SPITCH + 8] = s[nt][3];
+    }
+  };
+
+  // sglang layout: the draft's V comes from v, not from k's first 512 dims. Called by every
+  // thread once the step's QK reads of the tile are done; PV reads it after the next barrier.
+  // Whether the step needs it is block-uniform (the steps that reach the draft).
+  // (vstart: the step's start, read again from the table, not held in a register across QK)
+  auto needs_vcopy = [&](int it, int vstart) {
+    return !p.unified && ((KD_GATHER && it >= nlin) || vstart + KD_BN > pool_len);
+  };
+  auto vcopy = [&](int it, int stage, int vstart) {
+    const bool gathered = KD_GATHER && it >= nlin;
+    const kd_u32 tile_s = s_ring + stage * KD_STAGE_BYTES;
+    for (int e = tid; e < KD_BN * (KD_DL / 8); e += KD_THREADS) {  // all copies in flight at once
+      const int r = e / (KD_DL / 8), c = e % (KD_DL / 8);
+      const int vpos = gathered ? pos_of(it, r) : vstart + r;
+      if (vpos >= pool_len && vpos < kv_end)
+        kd::cp_async_16(tile_s + tile_off(r, c), vg + static_cast<kd_i64>(qs + vpos - pool_len) * p.v_stride_tok + c * 8, true);
+    }
+    kd::cp_async_commit();
+    kd::cp_async_wait<0>();  // this thread's copies (and the next step's tile) landed; the barrier
+  };                         // after it publishes them before PV
+
+  // online softmax: column col_of(j), lane = KV row of this step. Each lane keeps its own share of
+  // the column's sum (reduced once, at the end), and the column's max moves only when a score
+  // passes it by more than KD_MAX_SLACK (log2 units): until then p <= 2^KD_MAX_SLACK (fine in
+  // fp32 and bf16) and the rescale is 1, so a step costs one vote per warp, not two five-level
+  // shuffle reductions per column and a rescale of O. Returns: did a column of this warp move
+  // its max (warp-uniform); P (bf16) and the rescales go to shared memory.
+  auto softmax_phase = [&](kd_u32 vis) -> bool {
+    // every column's score first (their shared-memory loads in flight together), then one vote:
+    // does any column's max move this step? Only then the per-column votes and reductions
+    float x[KD_NTH];
+    bool moves = false;
+#pragma unroll
+    for (int j = 0; j < KD_NTH; ++j) {
+      const float* sc = sS + col_of(j) * KD_SPITCH + lane;
+      x[j] = has_col(j) ? (sc[0] + sc[KD_NQ * KD_SPITCH]) + (sc[2 * KD_NQ * KD_SPITCH] + sc[3 * KD_NQ * KD_SPITCH])
+                        : -KD_INF;  // a missing column (its vis bit is 0 too)
+    }
+    // the score in log2 units, -inf where not visible (one branch for the cap, not one per column)
+    if (cap > 0.f) {
+#pragma unroll
+      for (int j = 0; j < KD_NTH; ++j) x[j] = cap * tanhf(x[j] * scale / cap) * KD_LOG2E;
+    } else {
+#pragma unroll
+      for (int j = 0; j < KD_NTH; ++j) x[j] *= scale_log2;
+    }
+#pragma unroll
+    for (int j = 0; j < KD_NTH; ++j) {
+      if (!((vis >> j) & 1u)) x[j] = -KD_INF;
+      moves |= x[j] > m_run[j] + KD_MAX_SLACK;
+    }
+    float alpha[KD_NTH];
+#pragma unroll
+    for (int j = 0; j < KD_NTH; ++j) alpha[j] = 1.f;
+    const bool warp_moved = __any_sync(0xffffffffu, moves);
+    if (warp_moved) {  // rare after the start
+#pragma unroll
+      for (int j = 0; j < KD_NTH; ++j) {
+        if (__any_sync(0xffffffffu, x[j] > m_run[j] + KD_MAX_SLACK)) {
+          const float m_new = fmaxf(m_run[j], kd::warp_max(x[j]));
+          alpha[j] = kd::fast_exp2(m_run[j] - m_new);
+          l_run[j] *= alpha[j];
+          m_run[j] = m_new;
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < KD_NTH; ++j) {
+      const float pj = kd::fast_exp2(x[j] - m_run[j]);
+      l_run[j] += pj;  // this lane's share
+      if (!has_col(j)) continue;
+      sP[col_of(j) * KD_PPITCH + lane] = __float2bfloat16(pj);
+      if (lane == 0) sAlpha[col_of(j)] = alpha[j];
+    }
+    return warp_moved;
+  };
+
+  // PV: O^T[KD_VDIMS_WARP dims of this warp x NQ] = alpha * O^T + V^T P^T; moved: did any column
+  // move its max this step (block-uniform: only then are the rescales read and applied)
+  auto pv_phase = [&](kd_u32 s_tile, bool moved) {
+    if (moved) {
+#pragma unroll
+      for (int nt = 0; nt < KD_NT; ++nt) {
+        const float2 al = *reinterpret_cast<const float2*>(sAlpha + nt * 8 + 2 * t);
+#pragma unroll
+        for (int mt = 0; mt < KD_VMT; ++mt) {
+          o[mt][nt][0] *= al.x; o[mt][nt][1] *= al.y;
+          o[mt][nt][2] *= al.x; o[mt][nt][3] *= al.y;
+        }
+      }
+    }
+    // P^T as B fragments: rows 8nt.. of P, KV 0..31 -> {ks0: r0, r1; ks1: r2, r3}. At 16 warps
+    // (128 registers) each k-step's half is loaded just before its MMAs instead (x2: KV
+    // 16 ks .. 16 ks + 15), 2 KD_NT registers fewer held
+    constexpr bool kPbPerStep = KD_NH == 2;
+    kd_u32 pb[KD_NT][4];
+#pragma unroll
+    for (int nt = 0; nt < KD_NT; ++nt)
+      if (!kPbPerStep) kd::ldsm_x4(s_p + ((nt * 8 + (lane & 7)) * KD_PPITCH + (lane >> 3) * 8) * 2, pb[nt]);
+    // V^T: lane row (lane & 7) + 8 (lane >> 4) of each 16-row k-step, chunk
+    // V_DIM0/8 + KD_VCH warp + 2 mt + hi, swizzled in its low 3 bits by the row's (lane & 7)
+    const int vr0 = (lane & 7) + (lane >> 4) * 8, vhi = (lane >> 3) & 1;
+    kd_u32 v_lane[KD_VMT];
+#pragma unroll
+    for (int mt = 0; mt < KD_VMT; ++mt) {
+      const int vc = KD_MUT_V_DIM0 / 8 + warp * KD_VCH + 2 * mt + vhi;
+      v_lane[mt] = s_tile + vr0 * KD_ROW_BYTES + (((vc & ~7) | ((vc ^ KD_MUT_SWZ_READ(vr0)) & 7)) << 4);
+    }
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks) {
+      if (kPbPerStep) {
+#pragma unroll
+        for (int nt = 0; nt < KD_NT; ++nt) {
+          kd_u32 h[2];
+          kd::ldsm_x2(s_p + ((nt * 8 + (lane & 7)) * KD_PPITCH + ks * 16 + ((lane >> 3) & 1) * 8) * 2, h);
+          pb[nt][2 * ks] = h[0];
+          pb[nt][2 * ks + 1] = h[1];
+        }
+      }
+#pragma unroll
+      for (int mt = 0; mt < KD_VMT; ++mt) {
+        kd_u32 a[4];
+        kd::ldsm_x4_trans(v_lane[mt] + ks * 16 * KD_ROW_BYTES, a);
+#pragma unroll
+        for (int nt = 0; nt < KD_NT; ++nt) kd::mma_bf16(o[mt][nt], a, pb[nt][2 * ks], pb[nt][2 * ks + 1]);
+      }
+    }
+  };
+
+  // ---- all warps in one phase: QK, softmax, PV, a block barrier between each
   // KD_SKIP: the compacted sequence (the loader follows it too) ends at a start of kv_end; the loop
   // keeps no step count, a register fewer at the 40-row build's limit. Else nlin steps in order.
   constexpr bool kCopyAfterBarrier = KD_NH == 1;  // (see the step's first barrier)
@@ -580,195 +779,15 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     __syncthreads();
     if (kCopyAfterBarrier && !last) issue_next();
     const kd_u32 s_tile = s_ring + KD_MUT_READ_STAGE(stage, last) * KD_STAGE_BYTES;
-
-    // ---- which of this lane's scores are visible: bit j for query column warp + KD_WARPS j, KV row
-    // start + lane. A step wholly inside the prefix (every step but a split's last, mostly) sees
-    // all of it; otherwise the mask's bytes are loaded here, all at once, and arrive during QK.
-    const bool gathered = KD_GATHER && it >= nlin;  // block-uniform: rows from the column list
-    const int pos = KD_GATHER ? pos_of(it, lane) : start + lane;
-    const bool plain = !gathered && start + KD_BN <= prefix && start + KD_BN <= kv_end;  // block-uniform
-    kd_u32 vis = vis_live;
-    if (!plain) {
-      vis = 0;
-#pragma unroll
-      for (int j = 0; j < KD_NTH; ++j) {
-        const int q = warp + KD_WARPS * j;
-        bool visible = ((vis_live >> j) & 1u) && pos < kv_end;  // idle columns (q >= nrows) see nothing: p = 0
-        if (visible && pos >= prefix) {
-          const int i = sTok[q], jc = pos - prefix;
-          if (mask)
-            visible = mask[mask_base + static_cast<kd_i64>(KD_MUT_MASK_ROW(i, n)) * mask_pitch + prefix +
-                           KD_MUT_MASK_COL(jc, n)] != 0;
-          else
-            visible = !p.causal || jc <= i;
-        }
-        vis |= visible ? 1u << j : 0u;
-      }
-    }
-
-    // ---- QK: partial S^T of KV m-tile mg over dim group dg ------------------------------------
-    {
-      float s[KD_NTH][4];
-#pragma unroll
-      for (int nt = 0; nt < KD_NTH; ++nt)
-#pragma unroll
-        for (int x = 0; x < 4; ++x) s[nt][x] = 0.f;
-      // dim group dg takes k-steps dg, dg + 4, ..., dg + 32: the 16-byte chunk of k-step dg + 4 ks is
-      // 2 dg + 8 ks (+1 for lanes 16..31), and its swizzled place is ((2 dg + hi) ^ (row & 7)) + 8 ks,
-      // so a lane's address is one register plus a compile-time offset per k-step
-      const int lr = mg * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;  // this lane's ldmatrix row
-      const kd_u32 a_lane = s_tile + lr * KD_ROW_BYTES + ((((2 * dg + (lane >> 4)) ^ KD_MUT_SWZ_READ(lr)) & 7) << 4);
-      // A fragments double-buffered: k-step ks + 1's ldmatrix is in flight while ks's MMAs issue
-      // (at 16 warps, 128 registers, single-buffered: the other warps hide the load instead)
-      constexpr int kABufs = KD_NH == 2 ? 1 : 2;
-      kd_u32 a[2][4];
-      kd::ldsm_x4(a_lane, a[0]);
-#pragma unroll
-      for (int ks = 0; ks < KD_KSTEPS; ++ks) {
-        if (kABufs == 1 && ks > 0) kd::ldsm_x4(a_lane + ks * 128, a[0]);
-        if (kABufs == 2 && ks + 1 < KD_KSTEPS) kd::ldsm_x4(a_lane + (ks + 1) * 128, a[(ks + 1) & 1]);
-        if (KD_MUT_QK_DIMS(KD_D) < KD_D && (dg + KD_KG * ks) * 16 >= KD_MUT_QK_DIMS(KD_D)) continue;
-#pragma unroll
-        for (int nt = 0; nt < KD_NTH; ++nt)
-          if (has_tile(nt)) kd::mma_bf16(s[nt], a[kABufs == 2 ? ks & 1 : 0], qf[nt][ks][0], qf[nt][ks][1]);
-      }
-      // S^T fragment (row = KV mg*16 + g (+8), col = query 8 (nt0 + nt) + 2t (+1)) -> sS[dg][col][row]
-#pragma unroll
-      for (int nt = 0; nt < KD_NTH; ++nt) {
-        if (!has_tile(nt)) continue;
-        float* d0 = sS + (dg * KD_NQ + (nt0 + nt) * 8 + 2 * t) * KD_SPITCH + mg * 16 + g;
-        d0[0] = s[nt][0];
-        d0[KD_SPITCH] = s[nt][1];
-        d0[8] = s[nt][2];
-        d0[KD_SPITCH + 8] = s[nt][3];
-      }
-    }
+    const kd_u32 vis = step_vis(it, start);
+    qk_phase(s_tile);
     __syncthreads();
-
-    // ---- sglang layout: the draft's V comes from v, not from k's first 512 dims -----------------
-    // (the QK reads of this tile are done; PV reads it after the barrier below)
-    // (the step's start is read again from the table, not held in a register across QK)
     const int vstart = step_start(it);
-    if (!p.unified && (gathered || vstart + KD_BN > pool_len)) {  // block-uniform; the steps that reach the draft
-      const kd_u32 tile_s = s_ring + stage * KD_STAGE_BYTES;
-      for (int e = tid; e < KD_BN * (KD_DL / 8); e += KD_THREADS) {  // all copies in flight at once
-        const int r = e / (KD_DL / 8), c = e % (KD_DL / 8);
-        const int vpos = gathered ? pos_of(it, r) : vstart + r;
-        if (vpos >= pool_len && vpos < kv_end)
-          kd::cp_async_16(tile_s + tile_off(r, c), vg + static_cast<kd_i64>(qs + vpos - pool_len) * p.v_stride_tok + c * 8, true);
-      }
-      kd::cp_async_commit();
-      kd::cp_async_wait<0>();  // this thread's copies (and the next step's tile) landed; the barrier
-    }                          // below publishes them before PV
-
-    // ---- online softmax: column q = warp + KD_WARPS j, lane = KV row of this step. Each lane keeps its
-    // own share of the column's sum (reduced once, at the end), and the column's max moves only
-    // when a score passes it by more than KD_MAX_SLACK (log2 units): until then p <= 2^KD_MAX_SLACK
-    // (fine in fp32 and bf16) and the rescale is 1, so a step costs one vote per warp, not two
-    // five-level shuffle reductions per column and a rescale of O.
-    bool warp_moved;  // did a column of this warp move its max this step (warp-uniform)
-    {
-      // every column's score first (their shared-memory loads in flight together), then one vote:
-      // does any column's max move this step? Only then the per-column votes and reductions
-      float x[KD_NTH];
-      bool moves = false;
-#pragma unroll
-      for (int j = 0; j < KD_NTH; ++j) {
-        const float* sc = sS + (warp + KD_WARPS * j) * KD_SPITCH + lane;
-        x[j] = has_col(j) ? (sc[0] + sc[KD_NQ * KD_SPITCH]) + (sc[2 * KD_NQ * KD_SPITCH] + sc[3 * KD_NQ * KD_SPITCH])
-                          : -KD_INF;  // a missing column (its vis bit is 0 too)
-      }
-      // the score in log2 units, -inf where not visible (one branch for the cap, not one per column)
-      if (cap > 0.f) {
-#pragma unroll
-        for (int j = 0; j < KD_NTH; ++j) x[j] = cap * tanhf(x[j] * scale / cap) * KD_LOG2E;
-      } else {
-#pragma unroll
-        for (int j = 0; j < KD_NTH; ++j) x[j] *= scale_log2;
-      }
-#pragma unroll
-      for (int j = 0; j < KD_NTH; ++j) {
-        if (!((vis >> j) & 1u)) x[j] = -KD_INF;
-        moves |= x[j] > m_run[j] + KD_MAX_SLACK;
-      }
-      float alpha[KD_NTH];
-#pragma unroll
-      for (int j = 0; j < KD_NTH; ++j) alpha[j] = 1.f;
-      warp_moved = __any_sync(0xffffffffu, moves);
-      if (warp_moved) {  // rare after the start
-#pragma unroll
-        for (int j = 0; j < KD_NTH; ++j) {
-          if (__any_sync(0xffffffffu, x[j] > m_run[j] + KD_MAX_SLACK)) {
-            const float m_new = fmaxf(m_run[j], kd::warp_max(x[j]));
-            alpha[j] = kd::fast_exp2(m_run[j] - m_new);
-            l_run[j] *= alpha[j];
-            m_run[j] = m_new;
-          }
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < KD_NTH; ++j) {
-        const float pj = kd::fast_exp2(x[j] - m_run[j]);
-        l_run[j] += pj;  // this lane's share
-        if (!has_col(j)) continue;
-        sP[(warp + KD_WARPS * j) * KD_PPITCH + lane] = __float2bfloat16(pj);
-        if (lane == 0) sAlpha[warp + KD_WARPS * j] = alpha[j];
-      }
-    }
+    if (needs_vcopy(it, vstart)) vcopy(it, stage, vstart);  // block-uniform
     // the barrier also tells every warp whether any column's max moved (block-uniform): only then
     // are the rescales read and applied
-    const bool moved = __syncthreads_or(warp_moved);
-
-    // ---- PV: O^T[KD_VDIMS_WARP dims of this warp x NQ] = alpha * O^T + V^T P^T ---------------
-    {
-      if (moved) {
-#pragma unroll
-        for (int nt = 0; nt < KD_NT; ++nt) {
-          const float2 al = *reinterpret_cast<const float2*>(sAlpha + nt * 8 + 2 * t);
-#pragma unroll
-          for (int mt = 0; mt < KD_VMT; ++mt) {
-            o[mt][nt][0] *= al.x; o[mt][nt][1] *= al.y;
-            o[mt][nt][2] *= al.x; o[mt][nt][3] *= al.y;
-          }
-        }
-      }
-      // P^T as B fragments: rows 8nt.. of P, KV 0..31 -> {ks0: r0, r1; ks1: r2, r3}. At 16 warps
-      // (128 registers) each k-step's half is loaded just before its MMAs instead (x2: KV
-      // 16 ks .. 16 ks + 15), 2 KD_NT registers fewer held
-      constexpr bool kPbPerStep = KD_NH == 2;
-      kd_u32 pb[KD_NT][4];
-#pragma unroll
-      for (int nt = 0; nt < KD_NT; ++nt)
-        if (!kPbPerStep) kd::ldsm_x4(s_p + ((nt * 8 + (lane & 7)) * KD_PPITCH + (lane >> 3) * 8) * 2, pb[nt]);
-      // V^T: lane row (lane & 7) + 8 (lane >> 4) of each 16-row k-step, chunk
-      // V_DIM0/8 + KD_VCH warp + 2 mt + hi, swizzled in its low 3 bits by the row's (lane & 7)
-      const int vr0 = (lane & 7) + (lane >> 4) * 8, vhi = (lane >> 3) & 1;
-      kd_u32 v_lane[KD_VMT];
-#pragma unroll
-      for (int mt = 0; mt < KD_VMT; ++mt) {
-        const int vc = KD_MUT_V_DIM0 / 8 + warp * KD_VCH + 2 * mt + vhi;
-        v_lane[mt] = s_tile + vr0 * KD_ROW_BYTES + (((vc & ~7) | ((vc ^ KD_MUT_SWZ_READ(vr0)) & 7)) << 4);
-      }
-#pragma unroll
-      for (int ks = 0; ks < 2; ++ks) {
-        if (kPbPerStep) {
-#pragma unroll
-          for (int nt = 0; nt < KD_NT; ++nt) {
-            kd_u32 h[2];
-            kd::ldsm_x2(s_p + ((nt * 8 + (lane & 7)) * KD_PPITCH + ks * 16 + ((lane >> 3) & 1) * 8) * 2, h);
-            pb[nt][2 * ks] = h[0];
-            pb[nt][2 * ks + 1] = h[1];
-          }
-        }
-#pragma unroll
-        for (int mt = 0; mt < KD_VMT; ++mt) {
-          kd_u32 a[4];
-          kd::ldsm_x4_trans(v_lane[mt] + ks * 16 * KD_ROW_BYTES, a);
-#pragma unroll
-          for (int nt = 0; nt < KD_NT; ++nt) kd::mma_bf16(o[mt][nt], a, pb[nt][2 * ks], pb[nt][2 * ks + 1]);
-        }
-      }
-    }
+    const bool moved = __syncthreads_or(softmax_phase(vis));
+    pv_phase(s_tile, moved);
     if (!kCopyAfterBarrier) __syncthreads();  // the next step's copy overwrites this tile
   }
   if (kCopyAfterBarrier) __syncthreads();  // every warp's PV is done: the epilogue writes over the ring
@@ -795,9 +814,9 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
 #pragma unroll
     for (int j = 0; j < KD_NTH; ++j) {
       if (!has_col(j)) continue;
-      sM[warp + KD_WARPS * j] = m_run[j];
-      sL[warp + KD_WARPS * j] = l_run[j];
-      sInv[warp + KD_WARPS * j] = l_run[j] > 0.f ? 1.f / l_run[j] : 0.f;  // one division per row, not per store
+      sM[col_of(j)] = m_run[j];
+      sL[col_of(j)] = l_run[j];
+      sInv[col_of(j)] = l_run[j] > 0.f ? 1.f / l_run[j] : 0.f;  // one division per row, not per store
     }
   }
 #pragma unroll
