@@ -63,6 +63,7 @@ class Metrics:
     worst: tuple = (0, 0, 0)                           # (token, head, dim) of the largest |a-b|
     per_token_head: np.ndarray | None = None           # [T, H] max_abs, for the heatmap
     ref_max_abs: float = 0.0                           # max|b| over the compared entries
+    ref_scale_max: float = 0.0                         # max over compared rows of out_scale (0: not given)
     ref_lse_max_abs: float | None = None               # max|b_lse| over finite entries
     ref_nonfinite: int = 0                             # entries of b that are not finite (excluded)
     empty_rows: int = 0                                # (token, head) rows whose reference sees nothing
@@ -90,15 +91,20 @@ def _rel(num_sq: np.ndarray, den_sq: np.ndarray) -> np.ndarray:
         return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.where(num > 0, np.inf, 0.0))
 
 
-def spacing(ref: np.ndarray, use: np.ndarray | None = None) -> np.ndarray:
-    """The bf16 spacing (one ulp, 2^(floor(log2 x) - 7)) of x = max(|ref|, RMS of ref's row).
+def spacing(ref: np.ndarray, use: np.ndarray | None = None, row_scale: np.ndarray | None = None) -> np.ndarray:
+    """The bf16 spacing (one ulp, 2^(floor(log2 x) - 7)) of x = max(|ref|, RMS of ref's row,
+    row_scale of the row).
 
     An element much smaller than its row's RMS (a near-zero output from cancellation) is not
     measured in its own tiny spacing: the arithmetic that made it (fp32 sums of p*v, P rounded
-    to bf16) errs in proportion to the row's size, not the element's. [T, H, D] -> [T, H, D]."""
+    to bf16) errs in proportion to the row's size, not the element's. row_scale ([T, H],
+    kdkit.oracle.out_scale) is the row's size before its V rows cancel: a whole row that cancels
+    (its RMS tiny too) errs in proportion to that. [T, H, D] -> [T, H, D]."""
     r = np.where(use, ref, 0.0) if use is not None else ref
     n = use.sum(axis=-1, keepdims=True) if use is not None else np.full(r.shape[:-1] + (1,), r.shape[-1])
     rms = np.sqrt((r ** 2).sum(axis=-1, keepdims=True) / np.maximum(n, 1))
+    if row_scale is not None:
+        rms = np.maximum(rms, row_scale[..., None])
     x = np.maximum(np.abs(r), rms)
     with np.errstate(divide="ignore"):
         e = np.floor(np.log2(np.where(x > 0, x, 1.0)))
@@ -136,10 +142,13 @@ def lse_unit(ref_lse: np.ndarray, cond: np.ndarray | None, ref_lse_max: float) -
     return 2.0 ** -24 * np.maximum(np.abs(ref_lse) + c, 1.0)
 
 
-def metrics(out, ref, lse=None, ref_lse=None, lse_cond=None) -> Metrics:
+def metrics(out, ref, lse=None, ref_lse=None, lse_cond=None, out_scale=None) -> Metrics:
     """Compare `out` (a backend) with `ref` ([T, H, D] each; tensors or arrays) in float64.
 
     lse_cond ([T, H], kdkit.oracle.lse_condition) sizes the LSE error scale per row (`lse_unit`).
+    out_scale ([T, H], kdkit.oracle.out_scale) is each row's size before its V rows cancel: the
+    output's error is measured against it where it exceeds the row's own size (`spacing`, and
+    `judge`'s max|ref| floor), so a correct kernel that rounds P to bf16 passes a row that cancels.
     Entries where ref is not finite are left out (counted in ref_nonfinite; `judge` fails them).
     When ref_lse is given, rows whose reference LSE is -inf (the row sees no column: softmax is
     0/0 there and the oracle's 0 is a convention) are left out too, counted in empty_rows.
@@ -153,6 +162,9 @@ def metrics(out, ref, lse=None, ref_lse=None, lse_cond=None) -> Metrics:
     T, H, D = a.shape
     la, lb = _np(lse), _np(ref_lse)
     lse_cond = _np(lse_cond)
+    scale = _np(out_scale)
+    if scale is not None and scale.shape != (T, H):
+        raise ValueError(f"out_scale has shape {scale.shape}, expected {(T, H)}")
     use = np.isfinite(b)
     ref_nonfinite = int((~use).sum())
     empty = np.zeros((T, H), bool)
@@ -188,7 +200,9 @@ def metrics(out, ref, lse=None, ref_lse=None, lse_cond=None) -> Metrics:
                  "rel": _rel(dd.sum(axis=(1, 2)), b2.sum(axis=(1, 2)))}
     per_token_head = d.max(axis=2) if D else np.zeros((T, H))
 
-    z = d / spacing(bz, use)
+    if scale is not None:
+        scale = np.where(use.any(axis=-1) & np.isfinite(scale), scale, 0.0)
+    z = d / spacing(bz, use, scale)
     ulp = _ulp_stats(z, use)
 
     lse_err, ref_lse_max, lse_ulp, lse_worst = None, None, None, (0, 0)
@@ -208,6 +222,7 @@ def metrics(out, ref, lse=None, ref_lse=None, lse_cond=None) -> Metrics:
                    lse_max_abs=lse_err, per_head=per_head, per_token=per_token, worst=worst,
                    per_token_head=per_token_head,
                    ref_max_abs=float(np.abs(bz).max()) if bz.size else 0.0,
+                   ref_scale_max=float(scale.max()) if scale is not None and scale.size else 0.0,
                    ref_lse_max_abs=ref_lse_max, ref_nonfinite=ref_nonfinite,
                    empty_rows=int(empty.sum()), lse_ulp_max=lse_ulp, lse_worst=lse_worst, **ulp)
 
@@ -306,19 +321,24 @@ def judge(backend: str, m: Metrics, ref_out=None, production: Metrics | None = N
     error adds: |a-r| <= |a-o| + |r-o|). Any non-finite output where the reference is finite
     fails; a reference with non-finite entries fails (nothing can be judged against it).
     `ref_out` gives max|ref| for the floor; if None, m.ref_max_abs (the same number) is used.
+    Where the largest row size before cancellation (m.ref_scale_max, from metrics' out_scale) is
+    larger, it stands in for max|ref|: P's rounding errs in proportion to it (OUT_FLOOR_U).
     """
     if ref_out is not None:
         r = _np(ref_out)
         ref_max = float(np.abs(r[np.isfinite(r)]).max(initial=0.0))
     else:
         ref_max = m.ref_max_abs
+    size_txt = "max|ref|"
+    if m.ref_scale_max > ref_max:
+        ref_max, size_txt = m.ref_scale_max, "the largest row size before cancellation"
     oracle_ref = against == "oracle"
     k_prod, k_floor = (2.0, 1.0) if oracle_ref else (3.0, 2.0)
     prod_err = production.max_abs if production is not None else None
     has_prod = _finite(prod_err)
     floor = k_floor * out_floor(ref_max, has_prod)
     floor_txt = (f"bf16 floor {floor:.2e} (= {k_floor:g} x 2^{-7 if has_prod else -6} "
-                 f"x max|ref| {ref_max:.3g})")
+                 f"x {size_txt} {ref_max:.3g})")
     if has_prod:
         limit = k_prod * prod_err + floor
         how = f"{k_prod:g} x production {prod_err:.2e} + {floor_txt}"

@@ -72,9 +72,9 @@ def row_probs(case: Case, b: int, i: int, head: int) -> RequestProbs:
     return RequestProbs(_softmax(s)[0], s, vis, p)
 
 
-def run(case: Case, with_probs: bool = False, with_cond: bool = False):
-    """(out [T,H,512] float64, lse [T,H] float64[, list of RequestProbs][, cond [T,H]]).
-    with_cond adds lse_condition's array, computed in the same pass.
+def run(case: Case, with_probs: bool = False, with_cond: bool = False, with_scale: bool = False):
+    """(out [T,H,512] float64, lse [T,H] float64[, list of RequestProbs][, cond [T,H]][, scale [T,H]]).
+    with_cond adds lse_condition's array, with_scale out_scale's, computed in the same pass.
 
     A row that sees nothing gets out = 0 and lse = -inf (the kernels are not required to agree
     there; lint flags such rows as errors).
@@ -84,6 +84,7 @@ def run(case: Case, with_probs: bool = False, with_cond: bool = False):
     lse = np.full((T, H), -np.inf)
     per_req = []
     cond = np.zeros((T, H)) if with_cond else None
+    scale = np.zeros((T, H)) if with_scale else None
     for b in range(case.batch_size):
         qs, qe, s, V, vis, p = _request(case, b)
         if qe == qs:
@@ -100,9 +101,13 @@ def run(case: Case, with_probs: bool = False, with_cond: bool = False):
         Vz = np.where(vis.any(axis=0)[:, None], V, 0.0)
         n, H, kv = P.shape
         out[qs:qe] = (P.reshape(n * H, kv) @ Vz).reshape(n, H, -1)
+        if with_scale:  # sqrt(sum_j p_j^2 mean_d v_jd^2): one matrix-vector product
+            ms = (P.reshape(n * H, kv) ** 2) @ (Vz ** 2).mean(axis=1)
+            scale[qs:qe] = np.nan_to_num(np.sqrt(ms), nan=0.0).reshape(n, H)
         if with_probs:
             per_req.append(RequestProbs(P, s, vis, p))
-    return (out, lse) + ((per_req,) if with_probs else ()) + ((cond,) if with_cond else ())
+    return ((out, lse) + ((per_req,) if with_probs else ()) + ((cond,) if with_cond else ())
+            + ((scale,) if with_scale else ()))
 
 
 def lse_condition(case: Case) -> np.ndarray:
@@ -114,3 +119,16 @@ def lse_condition(case: Case) -> np.ndarray:
     of the LSE itself; kdkit.compare scales the LSE tolerance by this. Rows that see nothing: 0.
     run(case, with_cond=True) gives it with the output in one pass."""
     return run(case, with_cond=True)[2]
+
+
+def out_scale(case: Case) -> np.ndarray:
+    """[T, H] the size of each output row before its V rows cancel: sqrt(sum_j p_j^2 mean_d v_jd^2),
+    the RMS over the row's dims of the random-walk size of its terms p_j v_jd.
+
+    A correct bf16 kernel rounds P to bf16 (each p_j moves by up to 2^-8 p_j), so an output element
+    errs by about 2^-8 x that size, whatever the element's own size: where the row's V rows cancel
+    (opposite rows under nearly equal weights) the output is tiny but its error is not.
+    kdkit.compare measures error against this size where it exceeds the row's own. Where V rows do
+    not cancel more than random signs do, it is about the row's RMS or smaller, and nothing changes.
+    Rows that see nothing: 0. run(case, with_scale=True) gives it with the output in one pass."""
+    return run(case, with_scale=True)[2]

@@ -234,12 +234,15 @@ def replay(case, backends: str | Iterable[str], against: str = "oracle", run_lin
 
     # each row's LSE error scale (kdkit.compare.lse_unit) needs the logits' size: from the oracle
     cond = results["oracle"][0].info.get("lse_cond") if "oracle" in results else None
+    # each row's size before its V rows cancel (kdkit.compare.spacing): a property of the case, so
+    # it holds against any reference
+    scale = results["oracle"][0].info.get("out_scale") if "oracle" in results else None
     production: Metrics | None = None
     prod_name = next((p for p in PRODUCTION if p in results), None)  # ran: listed or reference
     if prod_name and "oracle" in results:
         oracle_res = results["oracle"][0]
         pres = results[prod_name][0]
-        production = metrics(pres.out, oracle_res.out, pres.lse, oracle_res.lse, lse_cond=cond)
+        production = metrics(pres.out, oracle_res.out, pres.lse, oracle_res.lse, lse_cond=cond, out_scale=scale)
 
     rows: list[Row] = []
     for name in names:
@@ -250,7 +253,8 @@ def replay(case, backends: str | Iterable[str], against: str = "oracle", run_lin
             rows.append(Row(name, "error", None, 0.0, {}, errors[name]))
             continue
         res, secs = results[name]
-        m = metrics(res.out, ref.out, res.lse, ref.lse, lse_cond=cond if against == "oracle" else None)
+        m = metrics(res.out, ref.out, res.lse, ref.lse, lse_cond=cond if against == "oracle" else None,
+                    out_scale=scale)
         # the production path is not judged against its own error: its row uses the floor alone
         v = judge(name, m, ref.out, None if name == prod_name else production, against=against)
         rows.append(Row(name, "pass" if v.passed else "fail", v, secs, dict(res.info),

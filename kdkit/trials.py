@@ -107,10 +107,10 @@ class Trial:
 
 
 class Reference:
-    """The float64 oracle's output, LSE and LSE condition of one case, computed once."""
+    """The float64 oracle's output, LSE, LSE condition and row sizes of one case, computed once."""
 
     def __init__(self, case):
-        self.out, self.lse, self.cond = oracle.run(case, with_cond=True)
+        self.out, self.lse, self.cond, self.scale = oracle.run(case, with_cond=True, with_scale=True)
 
 
 def check(case, backend: str, ref: Reference | None = None, **opts) -> Trial:
@@ -125,8 +125,10 @@ def check_result(backend: str, res, ref: Reference) -> Trial:
     """Judge one backend Result against the oracle, with its LSE (if any) and on the output alone."""
     with_lse = None
     if res.lse is not None:
-        with_lse = judge(backend, metrics(res.out, ref.out, res.lse, ref.lse, lse_cond=ref.cond), ref.out)
-    return Trial(backend, "", with_lse, judge(backend, metrics(res.out, ref.out), ref.out), dict(res.info))
+        with_lse = judge(backend, metrics(res.out, ref.out, res.lse, ref.lse, lse_cond=ref.cond,
+                                          out_scale=ref.scale), ref.out)
+    return Trial(backend, "", with_lse, judge(backend, metrics(res.out, ref.out, out_scale=ref.scale), ref.out),
+                 dict(res.info))
 
 
 @dataclass

@@ -112,4 +112,4 @@ def test_report_runs_the_oracle_once(monkeypatch, tmp_path, capsys):
     out = tmp_path / "r.html"
     assert cli.main(["report", str(path), "--backends", "oracle,torch", "--out", str(out)]) == 0
     assert out.is_file() and "oracle probabilities" in out.read_text()
-    assert calls == [{"with_cond": True}], f"oracle.run called {len(calls)} times: {calls}"
+    assert calls == [{"with_cond": True, "with_scale": True}], f"oracle.run called {len(calls)} times: {calls}"

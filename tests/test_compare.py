@@ -277,18 +277,19 @@ WRONG = {
 @pytest.mark.parametrize("kw", NEG_CASES, ids=["seed", "ragged-p200", "p500-q65"])
 def test_negative_controls_fail_and_the_right_kernel_passes(kw):
     case = synth.make_case(**kw)
-    o, lse = oracle.run(case)
+    o, lse, scale = oracle.run(case, with_scale=True)
     good = torch_ref.run(case, p_bf16=True)
     prod = metrics(good.out, o)      # a correct bf16 kernel as the production path (no LSE, as Triton)
     right = torch_ref.run(case)
     assert judge("torch", metrics(right.out, o, right.lse, lse), o, production=prod).passed
     for name, wrong in WRONG.items():
         bad = torch_ref.run(wrong(case))
-        for m in (metrics(bad.out, o, bad.lse, lse), metrics(bad.out, o)):   # with and without LSE
-            for production in (None, prod):
-                v = judge(name, m, o, production=production)
-                assert not v.passed, (name, production is not None, m.max_abs, v.limit)
-                assert v.reasons and ("limit" in v.reasons[0])
+        for sc in (None, scale):     # the rows' sizes before cancellation loosen nothing a bug moves
+            for m in (metrics(bad.out, o, bad.lse, lse, out_scale=sc), metrics(bad.out, o, out_scale=sc)):
+                for production in (None, prod):
+                    v = judge(name, m, o, production=production)
+                    assert not v.passed, (name, production is not None, m.max_abs, v.limit)
+                    assert v.reasons and ("limit" in v.reasons[0])
 
 
 def test_long_prefix_bug_is_caught_where_one_absolute_limit_missed_it():
@@ -298,11 +299,44 @@ def test_long_prefix_bug_is_caught_where_one_absolute_limit_missed_it():
     case = synth.make_case(bs=1, prefix=2000, q_len=9, heads=8, tree="eagle")
     o, lse = oracle.run(case)
     bad = torch_ref.run(_prefix_only(case))
-    m = metrics(bad.out, o, bad.lse, lse, lse_cond=oracle.lse_condition(case))
+    m = metrics(bad.out, o, bad.lse, lse, lse_cond=oracle.lse_condition(case), out_scale=oracle.out_scale(case))
     v = judge("prefix-only-kv", m, o)
     assert m.max_abs < v.limit                     # the old rule alone would have let it through
     assert {"lse", "ulp_row"} <= set(v.caught_by)
     assert "ulp_row" in judge("prefix-only-kv", metrics(bad.out, o), o).caught_by   # without LSE too
+
+
+def _cancelling_row_case():
+    """One row whose two visible V rows are opposite under nearly equal weights (scores 1 and
+    1 + 2^-7, set through a rope dim so V stays free; the draft column's weight ~0): its output is
+    ~3e-4 of |v|, and rounding P to bf16 (both weights to 0.5) zeroes it."""
+    case = synth.make_case(bs=1, prefix=2, q_len=1, heads=1, tree="chain")
+    kb, idx = case.kv_buffer.clone(), case.kv_indices.long()
+    v0 = torch.randn(512, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    kb[idx] = 0
+    kb[idx[0], 0, :512], kb[idx[1], 0, :512] = v0, -v0
+    kb[idx[0], 0, 512], kb[idx[1], 0, 512] = 1.0, 1.0078125
+    q, k = torch.zeros_like(case.q), torch.zeros_like(case.k)
+    q[..., 512], k[..., 512] = 1.0, -30.0
+    return case.clone(kv_buffer=kb, q=q, k=k, v=torch.zeros_like(case.v))
+
+
+def test_a_row_that_cancels_is_measured_in_its_size_before_cancellation():
+    """A correct kernel that rounds P to bf16 errs by ~2^-8 of a row's size before its V rows
+    cancel, not of its output: on a row that cancels it failed by 16x (256 spacings, max_abs 64x
+    its floor) until oracle.out_scale sized it; a real bug on that row still fails."""
+    case = _cancelling_row_case()
+    o, lse, cond, scale = oracle.run(case, with_cond=True, with_scale=True)
+    assert scale[0, 0] > 100 * np.abs(o).max()               # the row cancels
+    good = torch_ref.run(case, p_bf16=True)
+    assert not judge("torch", metrics(good.out, o, good.lse, lse, lse_cond=cond), o).passed  # without the size
+    v = judge("torch", metrics(good.out, o, good.lse, lse, lse_cond=cond, out_scale=scale), o)
+    assert v.passed, v.reasons
+    bad = torch_ref.run(case.clone(sm_scale=1.0))           # the scale dropped: the weights move
+    v = judge("no-scale", metrics(bad.out, o, bad.lse, lse, lse_cond=cond, out_scale=scale), o)
+    assert not v.passed and "the largest row size before cancellation" in v.reasons[0], v.reasons
+    with pytest.raises(ValueError, match="out_scale"):
+        metrics(good.out, o, out_scale=scale[:, :0])
 
 
 def test_outputs_in_bf16s_subnormal_range_are_measured_in_its_smallest_spacing():

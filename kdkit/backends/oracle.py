@@ -14,8 +14,10 @@ def unavailable(case=None):
 
 
 def run(case) -> Result:
-    out, lse, cond = oracle.run(case, with_cond=True)
-    # lse_cond: each row's logit size, which kdkit.compare scales the LSE tolerance by (same pass)
-    info = {"device": "cpu", "dtype": "float64", "lse_cond": cond,
+    out, lse, cond, scale = oracle.run(case, with_cond=True, with_scale=True)
+    # lse_cond: each row's logit size, which kdkit.compare scales the LSE tolerance by; out_scale:
+    # each row's size before its V rows cancel, which it measures the output's error against where
+    # that is larger than the row (both from the same pass)
+    info = {"device": "cpu", "dtype": "float64", "lse_cond": cond, "out_scale": scale,
             "ran": "NumPy float64 reference from the case's inputs, on the CPU"}
     return Result(torch.from_numpy(out), torch.from_numpy(lse), info)
