@@ -405,3 +405,69 @@ def test_sitecustomize_runs_the_one_it_shadows(tmp_path):
     penv = _clean_env(PYTHONPATH=f"{a}:{b}:{other}:{ROOT}", KDKIT_MODE="capture")
     r = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=penv)
     assert (r.returncode, r.stdout, r.stderr) == (0, "False True\n", "the shadowed sitecustomize ran\n")
+
+
+class _OneBackend:
+    """The part of TritonAttnBackend the hook touches: forward_extend launches the kernel through
+    the instance attribute `extend_attention_fwd`. `pause` holds a call inside forward_extend."""
+
+    def __init__(self):
+        self.extend_attention_fwd = self._kernel
+        self.kernel_calls = []
+        self.pause = {}
+
+    def _kernel(self, *a, **kw):
+        self.kernel_calls.append(a[0])
+
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None):
+        hold = self.pause.get(q)
+        if hold is not None:
+            hold.wait(timeout=1.0)
+        self.extend_attention_fwd(q)  # (a tag, not a tensor: bind fails, the tap gives the real kernel)
+
+
+def test_a_lent_tap_serves_only_its_own_thread_and_is_always_given_back(tmp_path, monkeypatch):
+    """Two threads on one backend object: a call the hook does not select, made while another
+    thread's selected call has the tap lent, reaches the real kernel without passing the tap (its
+    arguments are not the capture's); two selected calls at once take turns, so the backend keeps
+    its real kernel after both (without the lock the second restored the first's tap)."""
+    import threading
+    from kdkit.capture import hook as hook_mod
+    # no SGLang here: its graph-capture state reads "not capturing", as in an eager server
+    monkeypatch.setattr(hook_mod.sglang_api, "in_graph_capture", lambda: False)
+    hk = hook_mod.Hook(settings.from_env({"KDKIT_MODE": "capture", "KDKIT_DIR": str(tmp_path)}))
+    be, orig = _OneBackend(), hook_mod.Hook.__call__
+    layer = SimpleNamespace(layer_id=0)
+    batch = lambda mode: SimpleNamespace(forward_mode=SimpleNamespace(name=mode.upper()))  # noqa: E731
+
+    def call(tag, mode):
+        orig(hk, type(be).forward_extend, be, tag, None, None, layer, batch(mode))
+
+    inside = threading.Event()
+    be.pause["A"] = inside
+    a = threading.Thread(target=call, args=("A", "target_verify"))
+    a.start()
+    lent = lambda: vars(be)["extend_attention_fwd"] != be._kernel  # noqa: E731
+    for _ in range(1000):  # until A's tap is lent
+        if lent():
+            break
+        threading.Event().wait(0.005)
+    assert lent(), hk.faults
+    call("B", "decode")  # not selected: straight to forward_extend, which meets A's tap
+    inside.set()
+    a.join()
+    assert be.kernel_calls == ["B", "A"]
+    # only A's call reached the tap (its tag is not kernel arguments: one fault, the real kernel ran)
+    assert sum(hk.faults.values()) == 1, hk.faults
+    assert vars(be)["extend_attention_fwd"] == be._kernel
+
+    be.kernel_calls.clear()
+    gate = threading.Event()
+    be.pause["C"] = gate
+    threads = [threading.Thread(target=call, args=(t, "target_verify")) for t in ("C", "D")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(be.kernel_calls) == ["C", "D"] and sum(hk.faults.values()) == 3
+    assert vars(be)["extend_attention_fwd"] == be._kernel

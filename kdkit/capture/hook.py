@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import weakref
 
 import torch
@@ -85,6 +86,8 @@ class Hook:
         self._rank = None
         self._model = None
         self.faults: dict = {}      # kind -> count
+        self._lend_locks: dict = {}  # id(backend) -> the lock held while a tap is lent to it
+        self._locks_lock = threading.Lock()
 
     # ---- names -----------------------------------------------------------------------------
     @property
@@ -161,24 +164,37 @@ class Hook:
         if call is None:
             return original(backend, *args, **kwargs)
         attr = sglang_api.KERNEL_ATTR
-        own = attr in vars(backend)
-        real = getattr(backend, attr)
+        # The tap is lent on the backend object, which every thread shares: one lent tap per
+        # backend at a time (a second selected call waits, so neither restores the other's tap as
+        # the real kernel), and a call from another thread that meets the tap gets the real kernel
+        # (its arguments are not this call's). SGLang runs one forward thread per backend, so
+        # neither happens there; a harness driving one backend from several threads is safe too.
+        owner = threading.get_ident()
+        with self._lend_lock(backend):
+            own = attr in vars(backend)
+            real = getattr(backend, attr)
 
-        def tap(*a, **kw):
-            return self._on_kernel(call, backend, real, a, kw)
+            def tap(*a, **kw):
+                if threading.get_ident() != owner:
+                    return real(*a, **kw)
+                return self._on_kernel(call, backend, real, a, kw)
 
-        setattr(backend, attr, tap)
-        try:
-            return original(backend, *args, **kwargs)
-        finally:
-            if own:
-                setattr(backend, attr, real)
-            else:
-                delattr(backend, attr)
-            if not call.fired:
-                self.say(("path", call.layer), f"[kdkit] forward_extend of layer {call.layer} did not call "
-                         f"{attr} (deterministic inference, DCP, fp8 prefill or a vendor verify kernel?): "
-                         "kdkit saw nothing of it")
+            setattr(backend, attr, tap)
+            try:
+                return original(backend, *args, **kwargs)
+            finally:
+                if own:
+                    setattr(backend, attr, real)
+                else:
+                    delattr(backend, attr)
+                if not call.fired:
+                    self.say(("path", call.layer), f"[kdkit] forward_extend of layer {call.layer} did not "
+                             f"call {attr} (deterministic inference, DCP, fp8 prefill or a vendor verify "
+                             "kernel?): kdkit saw nothing of it")
+
+    def _lend_lock(self, backend) -> threading.RLock:
+        with self._locks_lock:  # (a backend lives as long as its server: a handful per process)
+            return self._lend_locks.setdefault(id(backend), threading.RLock())
 
     def _on_kernel(self, c: _Call, backend, real, a, kw):
         c.fired = True
