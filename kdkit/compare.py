@@ -63,7 +63,7 @@ class Metrics:
     worst: tuple = (0, 0, 0)                           # (token, head, dim) of the largest |a-b|
     per_token_head: np.ndarray | None = None           # [T, H] max_abs, for the heatmap
     ref_max_abs: float = 0.0                           # max|b| over the compared entries
-    ref_scale_max: float = 0.0                         # max over compared rows of out_scale (0: not given)
+    ref_scale_max: float = 0.0                         # max over compared rows of out_scale's peak (0: not given)
     ref_lse_max_abs: float | None = None               # max|b_lse| over finite entries
     ref_nonfinite: int = 0                             # entries of b that are not finite (excluded)
     empty_rows: int = 0                                # (token, head) rows whose reference sees nothing
@@ -98,7 +98,7 @@ def spacing(ref: np.ndarray, use: np.ndarray | None = None, row_scale: np.ndarra
     An element much smaller than its row's RMS (a near-zero output from cancellation) is not
     measured in its own tiny spacing: the arithmetic that made it (fp32 sums of p*v, P rounded
     to bf16) errs in proportion to the row's size, not the element's. row_scale ([T, H],
-    kdkit.oracle.out_scale) is the row's size before its V rows cancel: a whole row that cancels
+    kdkit.oracle.out_scale's [..., 0]) is the row's size before its V rows cancel: a whole row that cancels
     (its RMS tiny too) errs in proportion to that. [T, H, D] -> [T, H, D]."""
     r = np.where(use, ref, 0.0) if use is not None else ref
     n = use.sum(axis=-1, keepdims=True) if use is not None else np.full(r.shape[:-1] + (1,), r.shape[-1])
@@ -146,9 +146,10 @@ def metrics(out, ref, lse=None, ref_lse=None, lse_cond=None, out_scale=None) -> 
     """Compare `out` (a backend) with `ref` ([T, H, D] each; tensors or arrays) in float64.
 
     lse_cond ([T, H], kdkit.oracle.lse_condition) sizes the LSE error scale per row (`lse_unit`).
-    out_scale ([T, H], kdkit.oracle.out_scale) is each row's size before its V rows cancel: the
-    output's error is measured against it where it exceeds the row's own size (`spacing`, and
-    `judge`'s max|ref| floor), so a correct kernel that rounds P to bf16 passes a row that cancels.
+    out_scale ([T, H, 2], kdkit.oracle.out_scale) is each row's size before its V rows cancel, over
+    its dims and at its largest dim: the output's error is measured against the first where it
+    exceeds the row's own size (`spacing`), and `judge`'s max|ref| floor against the largest of the
+    second, so a correct kernel that rounds P to bf16 passes a row that cancels.
     Entries where ref is not finite are left out (counted in ref_nonfinite; `judge` fails them).
     When ref_lse is given, rows whose reference LSE is -inf (the row sees no column: softmax is
     0/0 there and the oracle's 0 is a convention) are left out too, counted in empty_rows.
@@ -163,8 +164,8 @@ def metrics(out, ref, lse=None, ref_lse=None, lse_cond=None, out_scale=None) -> 
     la, lb = _np(lse), _np(ref_lse)
     lse_cond = _np(lse_cond)
     scale = _np(out_scale)
-    if scale is not None and scale.shape != (T, H):
-        raise ValueError(f"out_scale has shape {scale.shape}, expected {(T, H)}")
+    if scale is not None and scale.shape != (T, H, 2):
+        raise ValueError(f"out_scale has shape {scale.shape}, expected {(T, H, 2)} (kdkit.oracle.out_scale)")
     use = np.isfinite(b)
     ref_nonfinite = int((~use).sum())
     empty = np.zeros((T, H), bool)
@@ -201,8 +202,8 @@ def metrics(out, ref, lse=None, ref_lse=None, lse_cond=None, out_scale=None) -> 
     per_token_head = d.max(axis=2) if D else np.zeros((T, H))
 
     if scale is not None:
-        scale = np.where(use.any(axis=-1) & np.isfinite(scale), scale, 0.0)
-    z = d / spacing(bz, use, scale)
+        scale = np.where(use.any(axis=-1)[..., None] & np.isfinite(scale), scale, 0.0)
+    z = d / spacing(bz, use, scale[..., 0] if scale is not None else None)
     ulp = _ulp_stats(z, use)
 
     lse_err, ref_lse_max, lse_ulp, lse_worst = None, None, None, (0, 0)
@@ -222,7 +223,7 @@ def metrics(out, ref, lse=None, ref_lse=None, lse_cond=None, out_scale=None) -> 
                    lse_max_abs=lse_err, per_head=per_head, per_token=per_token, worst=worst,
                    per_token_head=per_token_head,
                    ref_max_abs=float(np.abs(bz).max()) if bz.size else 0.0,
-                   ref_scale_max=float(scale.max()) if scale is not None and scale.size else 0.0,
+                   ref_scale_max=float(scale[..., 1].max()) if scale is not None and scale.size else 0.0,
                    ref_lse_max_abs=ref_lse_max, ref_nonfinite=ref_nonfinite,
                    empty_rows=int(empty.sum()), lse_ulp_max=lse_ulp, lse_worst=lse_worst, **ulp)
 
@@ -321,8 +322,9 @@ def judge(backend: str, m: Metrics, ref_out=None, production: Metrics | None = N
     error adds: |a-r| <= |a-o| + |r-o|). Any non-finite output where the reference is finite
     fails; a reference with non-finite entries fails (nothing can be judged against it).
     `ref_out` gives max|ref| for the floor; if None, m.ref_max_abs (the same number) is used.
-    Where the largest row size before cancellation (m.ref_scale_max, from metrics' out_scale) is
-    larger, it stands in for max|ref|: P's rounding errs in proportion to it (OUT_FLOOR_U).
+    Where the largest row size before cancellation at a row's largest dim (m.ref_scale_max, from
+    metrics' out_scale) is larger, it stands in for max|ref|: P's rounding errs in proportion to it
+    (OUT_FLOOR_U).
     """
     if ref_out is not None:
         r = _np(ref_out)

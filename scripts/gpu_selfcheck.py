@@ -34,8 +34,9 @@ def main() -> int:
     bad = 0
     for name, case, opts in cases():
         res = cuda.run(case, **opts)
-        ref, ref_lse = oracle.run(case)
-        m = compare.metrics(res.out, ref, res.lse, ref_lse, lse_cond=oracle.lse_condition(case))
+        # the oracle once, with the rows' LSE conditions and sizes, as replay and the trials judge
+        ref, ref_lse, cond, scale = oracle.run(case, with_cond=True, with_scale=True)
+        m = compare.metrics(res.out, ref, res.lse, ref_lse, lse_cond=cond, out_scale=scale)
         v = compare.judge("cuda", m, ref)
         bad += not v.passed
         print(f"{'ok  ' if v.passed else 'FAIL'} {name:32s} nsplit={res.info['nsplit']:<4d} {v.reasons[0]}")

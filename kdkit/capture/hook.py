@@ -168,7 +168,7 @@ class Hook:
         # backend at a time (a second selected call waits, so neither restores the other's tap as
         # the real kernel), and a call from another thread that meets the tap gets the real kernel
         # (its arguments are not this call's). SGLang runs one forward thread per backend, so
-        # neither happens there; a harness driving one backend from several threads is safe too.
+        # neither happens there. (The step count in _select still assumes one forward thread.)
         owner = threading.get_ident()
         with self._lend_lock(backend):
             own = attr in vars(backend)
