@@ -640,7 +640,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     kd::cp_async_commit();
     if (wait) kd::cp_async_wait<0>();  // this thread's copies (and the next step's tile) landed; the
   };                                   // barrier after it publishes them before PV
-  // The 8-row build (KD_EARLY_V) waits for the draft's V only behind the softmax, so its flight
+  // The 8-row build (kEarlyV) waits for the draft's V only behind the softmax, so its flight
   // overlaps the softmax; and at a split's last step, where the other ring slot is free (no next
   // tile; every warp's PV of the step before is behind the step's barrier), the copy goes there
   // before QK and overlaps QK too, and PV reads a draft row's V from that slot at its row's place.
@@ -762,7 +762,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
 #pragma unroll
       for (int mt = 0; mt < KD_VMT; ++mt) {
         kd_u32 a[4];
-        kd::ldsm_x4_trans(v_lane[mt] + ks * 16 * KD_ROW_BYTES + vslot[ks], a);
+        kd::ldsm_x4_trans(v_lane[mt] + ks * 16 * KD_ROW_BYTES + (kEarlyV ? vslot[ks] : 0), a);
 #pragma unroll
         for (int nt = 0; nt < KD_NT; ++nt) kd::mma_bf16(o[mt][nt], a, pb[nt][2 * ks], pb[nt][2 * ks + 1]);
       }
