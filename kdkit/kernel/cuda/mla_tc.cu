@@ -627,9 +627,10 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   auto needs_vcopy = [&](int it, int vstart) {
     return !p.unified && ((KD_GATHER && it >= nlin) || vstart + KD_BN > pool_len);
   };
-  auto vcopy = [&](int it, int stage, int vstart) {
+  // (slot: the ring slot the copies land in; wait: wait for them here, else the caller does)
+  auto vcopy = [&](int it, int slot, int vstart, bool wait) {
     const bool gathered = KD_GATHER && it >= nlin;
-    const kd_u32 tile_s = s_ring + stage * KD_STAGE_BYTES;
+    const kd_u32 tile_s = s_ring + slot * KD_STAGE_BYTES;
     for (int e = tid; e < KD_BN * (KD_DL / 8); e += KD_THREADS) {  // all copies in flight at once
       const int r = e / (KD_DL / 8), c = e % (KD_DL / 8);
       const int vpos = gathered ? pos_of(it, r) : vstart + r;
@@ -637,8 +638,16 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
         kd::cp_async_16(tile_s + tile_off(r, c), vg + static_cast<kd_i64>(qs + vpos - pool_len) * p.v_stride_tok + c * 8, true);
     }
     kd::cp_async_commit();
-    kd::cp_async_wait<0>();  // this thread's copies (and the next step's tile) landed; the barrier
-  };                         // after it publishes them before PV
+    if (wait) kd::cp_async_wait<0>();  // this thread's copies (and the next step's tile) landed; the
+  };                                   // barrier after it publishes them before PV
+  // The 8-row build (kEarlyV) waits for the draft's V only behind the softmax, so its flight
+  // overlaps the softmax; and at a split's last step, where the other ring slot is free (no next
+  // tile; every warp's PV of the step before is behind the step's barrier), the copy goes there
+  // before QK and overlaps QK too, and PV reads a draft row's V from that slot at its row's place.
+  // That is the seed's shape: one step, whose draft V was an L2 round trip in series. Off in the
+  // two mutants that move V's dims or the slot a step reads (each stays the one wrong thing it
+  // names), and in the larger builds, whose code stays as measured.
+  constexpr bool kEarlyV = KD_NT == 1 && KD_NH == 1 && KD_MUT_V_DIM0 == 0 && KD_MUT_READ_STAGE(0, true) == 0;
 
   // online softmax: column col_of(j), lane = KV row of this step. Each lane keeps its own share of
   // the column's sum (reduced once, at the end), and the column's max moves only when a score
@@ -698,7 +707,8 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
 
   // PV: O^T[KD_VDIMS_WARP dims of this warp x NQ] = alpha * O^T + V^T P^T; moved: did any column
   // move its max this step (block-uniform: only then are the rescales read and applied)
-  auto pv_phase = [&](kd_u32 s_tile, bool moved) {
+  // (vaside: this step's draft rows' V is in the other ring slot, at their rows' places; step it)
+  auto pv_phase = [&](kd_u32 s_tile, bool moved, bool vaside, int it) {
     if (moved) {
 #pragma unroll
       for (int nt = 0; nt < KD_NT; ++nt) {
@@ -721,6 +731,17 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     // V^T: lane row (lane & 7) + 8 (lane >> 4) of each 16-row k-step, chunk
     // V_DIM0/8 + KD_VCH warp + 2 mt + hi, swizzled in its low 3 bits by the row's (lane & 7)
     const int vr0 = (lane & 7) + (lane >> 4) * 8, vhi = (lane >> 3) & 1;
+    // where this lane's V rows vr0 and vr0 + 16 are: the K tile, or (vaside, a draft row) the
+    // same place in the other slot
+    kd_i32 vslot[2] = {0, 0};
+    if (kEarlyV && vaside) {  // block-uniform
+      const kd_i32 other = static_cast<kd_i32>(s_ring + (KD_STAGE_BYTES ^ (s_tile - s_ring)) - s_tile);
+#pragma unroll
+      for (int ks = 0; ks < 2; ++ks) {
+        const int vpos = pos_of(it, vr0 + 16 * ks);
+        vslot[ks] = vpos >= pool_len && vpos < kv_end ? other : 0;
+      }
+    }
     kd_u32 v_lane[KD_VMT];
 #pragma unroll
     for (int mt = 0; mt < KD_VMT; ++mt) {
@@ -741,7 +762,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
 #pragma unroll
       for (int mt = 0; mt < KD_VMT; ++mt) {
         kd_u32 a[4];
-        kd::ldsm_x4_trans(v_lane[mt] + ks * 16 * KD_ROW_BYTES, a);
+        kd::ldsm_x4_trans(v_lane[mt] + ks * 16 * KD_ROW_BYTES + (kEarlyV ? vslot[ks] : 0), a);
 #pragma unroll
         for (int nt = 0; nt < KD_NT; ++nt) kd::mma_bf16(o[mt][nt], a, pb[nt][2 * ks], pb[nt][2 * ks + 1]);
       }
@@ -780,14 +801,20 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     if (kCopyAfterBarrier && !last) issue_next();
     const kd_u32 s_tile = s_ring + KD_MUT_READ_STAGE(stage, last) * KD_STAGE_BYTES;
     const kd_u32 vis = step_vis(it, start);
+    // kEarlyV at a split's last step: the draft's V into the free slot before QK (block-uniform)
+    const bool vaside = kEarlyV && last && needs_vcopy(it, start);
+    if (vaside) vcopy(it, stage ^ 1, start, false);
     qk_phase(s_tile);
     __syncthreads();
     const int vstart = step_start(it);
-    if (needs_vcopy(it, vstart)) vcopy(it, stage, vstart);  // block-uniform
+    const bool vc = needs_vcopy(it, vstart);  // block-uniform
+    if (vc && !vaside) vcopy(it, stage, vstart, !kEarlyV);
+    const bool warp_moved = softmax_phase(vis);
+    if (kEarlyV && vc) kd::cp_async_wait<0>();  // this thread's V copies landed
     // the barrier also tells every warp whether any column's max moved (block-uniform): only then
-    // are the rescales read and applied
-    const bool moved = __syncthreads_or(softmax_phase(vis));
-    pv_phase(s_tile, moved);
+    // are the rescales read and applied; it publishes the V copies before PV
+    const bool moved = __syncthreads_or(warp_moved);
+    pv_phase(s_tile, moved, vaside, it);
     if (!kCopyAfterBarrier) __syncthreads();  // the next step's copy overwrites this tile
   }
   if (kCopyAfterBarrier) __syncthreads();  // every warp's PV is done: the epilogue writes over the ring
