@@ -891,15 +891,20 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
 
 // Merge the splits of one (token, head) row: out = sum_s w_s o_s / sum_s w_s, w_s = exp(lse_s - max).
 // One block per row: blockDim.y = G groups (G <= KD_MERGE_GROUPS, G <= nsplit, chosen by the
-// plan: kdkit/kernel/schedule.py merge_groups) of KD_MERGE_THREADS threads, 4 output dims per thread. The block finds the max and the
-// weights once (each thread reads at most two splits' LSE); group y then sums splits y, y + G, ...
-// of its 4 dims, so G times more partial rows are in flight than with one group; the groups'
-// sums meet in shared memory.
+// plan: kdkit/kernel/schedule.py merge_groups) of KD_MERGE_THREADS threads, 4 output dims per
+// thread. The block finds the max and the weights once (each thread reads at most two splits'
+// LSE; the warps' values meet by one shared-memory read per lane and shuffles); group y then sums
+// splits y, y + G, ... of its 4 dims, KD_MERGE_BATCH partial rows in flight per thread; the
+// groups' sums meet in shared memory. The code is kept short (no loop unrolled beyond its batch):
+// after an L2 flush, or in a decode step where other kernels have run since, its instructions
+// come from memory too.
+#define KD_MERGE_BATCH 4
 extern "C" __global__ void __launch_bounds__(KD_MERGE_THREADS * KD_MERGE_GROUPS) kd_mla_tc_merge(const KdParams p) {
   static_assert(KD_DL == KD_MERGE_THREADS * 4, "the merge maps 4 output dims to each thread of a group");
   static_assert(KD_MAX_SPLITS <= 2 * KD_MERGE_THREADS, "each merge thread holds at most two splits' LSE");
+  static_assert(KD_MERGE_THREADS / 32 * KD_MERGE_GROUPS <= 32, "one lane per warp of the block");
   __shared__ float s_w[KD_MAX_SPLITS];
-  __shared__ float s_red[2][KD_MERGE_THREADS / 32 * KD_MERGE_GROUPS];
+  __shared__ float s_red[2][32];
   __shared__ float4 s_acc[KD_MERGE_GROUPS][KD_MERGE_THREADS];
   const int grow = blockIdx.x, tx = threadIdx.x, gy = threadIdx.y, G = blockDim.y;
   const int tid = gy * KD_MERGE_THREADS + tx, nthreads = KD_MERGE_THREADS * G, lane = tid & 31, warp = tid >> 5;
@@ -910,8 +915,7 @@ extern "C" __global__ void __launch_bounds__(KD_MERGE_THREADS * KD_MERGE_GROUPS)
   float m = kd::warp_max(fmaxf(ls0, ls1));
   if (lane == 0) s_red[0][warp] = m;
   __syncthreads();
-  m = -KD_INF;
-  for (int w = 0; w < nwarps; ++w) m = fmaxf(m, s_red[0][w]);
+  m = kd::warp_max(lane < nwarps ? s_red[0][lane] : -KD_INF);
   // an empty split (lse -inf) weighs nothing, and so does every split of a row that sees nothing;
   // their partial rows are written as zeros, so reading them below is harmless
   const float w0 = (m == -KD_INF || ls0 == -KD_INF) ? 0.f : KD_MUT_MERGE_W(exp2f((ls0 - m) * KD_LOG2E));
@@ -921,21 +925,30 @@ extern "C" __global__ void __launch_bounds__(KD_MERGE_THREADS * KD_MERGE_GROUPS)
   const float wpart = kd::warp_sum(w0 + w1);
   if (lane == 0) s_red[1][warp] = wpart;
   __syncthreads();
-  float wsum = 0.f;
-  for (int w = 0; w < nwarps; ++w) wsum += s_red[1][w];
+  const float wsum = kd::warp_sum(lane < nwarps ? s_red[1][lane] : 0.f);
   const float* part = p.o_part + static_cast<kd_i64>(grow) * KD_DL + tx * 4;
   const kd_i64 split_pitch = static_cast<kd_i64>(rows) * KD_DL;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 4
-  for (int sp = gy; sp < ns; sp += G) {
-    const float w = s_w[sp];
-    const float4 v = *reinterpret_cast<const float4*>(part + sp * split_pitch);
-    acc.x = fmaf(w, v.x, acc.x); acc.y = fmaf(w, v.y, acc.y);
-    acc.z = fmaf(w, v.z, acc.z); acc.w = fmaf(w, v.w, acc.w);
+#pragma unroll 1
+  for (int s0 = gy; s0 < ns; s0 += KD_MERGE_BATCH * G) {
+    float4 v[KD_MERGE_BATCH];
+#pragma unroll
+    for (int k = 0; k < KD_MERGE_BATCH; ++k) {  // past ns: nothing (weight 0)
+      const int sp = s0 + k * G;
+      v[k] = sp < ns ? *reinterpret_cast<const float4*>(part + sp * split_pitch) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int k = 0; k < KD_MERGE_BATCH; ++k) {
+      const int sp = s0 + k * G;
+      const float w = sp < ns ? s_w[sp] : 0.f;
+      acc.x = fmaf(w, v[k].x, acc.x); acc.y = fmaf(w, v[k].y, acc.y);
+      acc.z = fmaf(w, v[k].z, acc.z); acc.w = fmaf(w, v[k].w, acc.w);
+    }
   }
   s_acc[gy][tx] = acc;
   __syncthreads();
   if (gy != 0) return;
+#pragma unroll 1
   for (int y = 1; y < G; ++y) {
     const float4 a = s_acc[y][tx];
     acc.x += a.x; acc.y += a.y; acc.z += a.z; acc.w += a.w;
