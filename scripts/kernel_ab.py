@@ -15,9 +15,10 @@ the spread of a variant's times. Graph replay, a 256 MiB L2 flush before each ca
 Rows go to DIR/times.jsonl (appended); the table at the end gives each variant's fastest and
 slowest time per shape and its ratio to the first variant's (`table DIR` prints it again).
 
-A variant may fix plan options after a colon (`skip`, `nt`, `nh`, `nsplit`; values true, false,
-none, an integer or a word): `plain=main:skip=false step=main:skip=true` times two builds of one
-commit; every shape the option does not fit is reported and left out of that variant.
+A variant may fix plan options after a colon (`skip`, `nt`, `nh`, `nsplit`, `fused`; values true,
+false, none, an integer or a word): `plain=main:skip=false step=main:skip=true` times two builds of
+one commit; every shape the option does not fit (or that the variant's kdkit does not know) is
+reported and left out of that variant.
 
 The shapes: `kdkit bench --quick`'s and the deep trees at prefix 21 (q_len 64, 257; DEEP), or with
 --shapes the grid's shapes whose label contains TEXT (labels read "32x131072 q9 H8").
@@ -38,7 +39,7 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 DEEP = [(1, 21, 64, 8), (1, 21, 64, 16), (1, 21, 257, 8), (1, 21, 257, 16), (8, 21, 257, 16)]
 
 
-OPTS = ("skip", "nt", "nh", "nsplit")  # kdkit.kernel.plan's options a variant may fix
+OPTS = ("skip", "nt", "nh", "nsplit", "fused")  # kdkit.kernel.plan's options a variant may fix
 
 
 def _value(text: str):
@@ -122,12 +123,14 @@ def child(vdir: str, name: str, shapes_json: str, out: str, budget_s: float, rnd
             x = cuda.to_device(case)
             try:
                 p = cuda.plan_case(case, x, **opts)
-            except ValueError as e:  # kdkit's InputError: e.g. the gather at a block size it cannot hold
+            except (ValueError, TypeError) as e:  # kdkit's InputError: e.g. the gather at a block size it
+                # cannot hold; TypeError: an option this variant's kdkit does not take
                 print(f"{name} {bs}x{prefix} q{q_len} H{heads}: left out: {e}", file=sys.stderr, flush=True)
                 continue
             replay = graph_of(lambda: kernel.run(p, x["q"], x["k"], x["v"], x["kv_buffer"]))
             row = {"variant": name, "round": rnd, "bs": bs, "prefix": prefix, "q_len": q_len, "heads": heads,
                    "nsplit": p.nsplit, "rows_per_cta": p.rows_per_cta, "module": p.key,
+                   "fused": bool(getattr(p, "fused", False)),
                    "us": round(timer.us(replay, budget_s=budget_s), 2)}
             print(json.dumps(row), file=f, flush=True)
             del x, replay, p

@@ -471,3 +471,30 @@ def test_a_lent_tap_serves_only_its_own_thread_and_is_always_given_back(tmp_path
         t.join()
     assert sorted(be.kernel_calls) == ["C", "D"] and sum(hk.faults.values()) == 3
     assert vars(be)["extend_attention_fwd"] == be._kernel
+
+
+def test_a_plan_a_graph_captures_is_kept_for_the_graph():
+    """A batch planned eagerly (SGLang's warm-up) and then captured into a CUDA graph: the graph
+    points into that plan's workspace, so the plan moves to the captured ones and outlives any
+    number of later eager batches (it used to stay among the eager plans and be dropped after
+    EAGER_PLANS more, leaving the graph writing into freed memory). Only the cache's policy runs
+    here: the kernel's own plan needs a GPU (tests/sglang_env/test_plugin_gpu.py runs it)."""
+    from kdkit.capture import kernels
+
+    ck = kernels.CudaKernel()
+    made = []
+    ck.kernel = SimpleNamespace(plan=lambda **kw: made.append(object()) or made[-1])
+
+    def call(n):  # a batch of n tokens: its own metadata tensors, so its own key
+        idx = torch.zeros(n + 1, dtype=torch.int32)
+        return SimpleNamespace(qo_indptr=idx, kv_indptr=idx.clone(), kv_indices=idx.clone(), custom_mask=None,
+                               mask_indptr=None, q=torch.zeros(n, 8, 576), num_heads=8, sm_scale=0.1,
+                               logit_cap=0.0, causal=True, max_len_extend=n)
+    warm = call(9)
+    eager = ck.plan(warm, 100, capturing=False)
+    assert ck.plan(warm, 100, capturing=True) is eager        # the capture reuses the warm-up's plan
+    others = [call(n) for n in range(10, 10 + 3 * kernels.EAGER_PLANS)]
+    for c in others:
+        ck.plan(c, 100, capturing=False)
+    assert ck.plan(warm, 100, capturing=False) is eager       # still there: no second plan
+    assert len(made) == 1 + len(others) and len(ck._eager) <= kernels.EAGER_PLANS

@@ -59,6 +59,7 @@ def test_variant_names():
 
 def test_variant_plan_options():
     assert ab._variant("g=main:skip=gather,nt=3") == ("g", "main", {"skip": "gather", "nt": 3})
+    assert ab._variant("f0=kernel-fused:fused=false") == ("f0", "kernel-fused", {"fused": False})
     assert ab._variant("p=main:skip=false,nsplit=none") == ("p", "main", {"skip": False, "nsplit": None})
     assert ab._variant("main:skip=true") == ("main", "main", {"skip": True})
     for bad in ("a=main:warps=8", "a=main:skip"):

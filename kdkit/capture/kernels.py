@@ -4,9 +4,9 @@ cuda: kdkit's kernel (kdkit.kernel): `plan` once per batch, `run` per layer, str
       server's tensors. The plan is made with check=False and host-side sizes only (T, the
       metadata's max_extend_len, a KV-length bound), so planning reads nothing from the device and
       works inside CUDA-graph capture, where the metadata tensors are the graph's persistent
-      buffers: their addresses (and so the plan) stay valid for every replay. Plans made during
-      capture are kept for the life of the process (the graphs point into their workspace);
-      eager plans are kept for the current batch only.
+      buffers: their addresses (and so the plan) stay valid for every replay. Plans used during
+      capture (made there, or made eagerly by a warm-up and reused) are kept for the life of the
+      process (the graphs point into their workspace); eager plans for the last few batches only.
 torch: kdkit's eager PyTorch reference on the case built from the call (validate only: it reads
       sizes back from the device).
 """
@@ -46,8 +46,16 @@ class CudaKernel:
 
     def plan(self, call: record.KernelCall, max_kv_len: int, capturing: bool):
         key = self._key(call)
-        p = self._captured.get(key) or self._eager.get(key)
+        p = self._captured.get(key)
         if p is not None:
+            return p
+        p = self._eager.get(key)
+        if p is not None:
+            if capturing:  # a graph now points into its workspace: keep it as long as the graph
+                del self._eager[key]
+                self._captured[key] = p
+            else:
+                self._eager.move_to_end(key)  # the current batch's plan is the last to go
             return p
         p = self.kernel.plan(
             qo_indptr=call.qo_indptr, kv_indptr=call.kv_indptr, kv_indices=call.kv_indices,
