@@ -413,6 +413,41 @@ def summary(res: dict) -> str:
     return "\n".join([head, body, *skipped])
 
 
+_PREFIX_TEXT = {21: "21", 1024: "1K", 4096: "4K", 8192: "8K", 32768: "32K", 131072: "128K"}
+README_HEAD = ("| bs x prefix, q_len | roofline | kdkit, graph replay | kdkit, eager | best fixed NSPLIT (eager) "
+               "| Triton extend | Triton decode per node | torch eager |\n|---|---|---|---|---|---|---|---|")
+
+
+def _fig(x: float) -> str:
+    """The README's figures: three significant digits, whole numbers from 100 up, one rounding."""
+    return f"{x:.0f}" if x >= 100 else f"{x:.1f}" if x >= 10 else f"{x:.2f}"
+
+
+def readme_table(res: dict) -> str:
+    """The README's Performance table (markdown) for a `--quick` run, a row per shape in the run's
+    order: the roofline, kdkit under graph replay (with its roofline fraction) and eager at the
+    automatic NSPLIT, the best fixed NSPLIT ("(auto N)" where the automatic choice beat every fixed
+    one, else "(N; auto M)"), and the three other backends; the first row's times carry "us"."""
+    by: dict = {}
+    for r in res["rows"]:
+        by.setdefault((r["bs"], r["prefix"], r["q_len"]), []).append(r)
+    lines = [README_HEAD]
+    for i, ((bs, prefix, q_len), rs) in enumerate(by.items()):
+        u = " us" if i == 0 else ""
+        cuda = [r for r in rs if r["backend"] == "cuda"]
+        auto = next(r for r in cuda if r["nsplit_auto"] and not r["graph"])
+        graph = next(r for r in cuda if r["graph"])
+        fixed = min((r for r in cuda if not r["nsplit_auto"] and not r["graph"]), key=lambda r: r["us"], default=None)
+        best = (f"{_fig(fixed['us'])} ({fixed['nsplit']}; auto {auto['nsplit']})" if fixed and fixed["us"] < auto["us"]
+                else f"{_fig(auto['us'])} (auto {auto['nsplit']})")
+        other = {r["backend"]: _fig(r["us"]) + u for r in rs if r["backend"] != "cuda"}
+        cells = [f"{bs} x {_PREFIX_TEXT.get(prefix, prefix)}, {q_len}", _fig(rs[0]["floor_us"]) + u,
+                 f"{_fig(graph['us'])}{u} ({100 * graph['roofline_frac']:.1f}%)", _fig(auto["us"]) + u, best,
+                 other["triton_sglang"], other["triton_decode"], other["torch"]]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def results_name(res: dict) -> str:
     gpu = re.sub(r"[^\w.-]+", "-", res["gpu"]).strip("-").lower()
     return f"{gpu}-{res['date'][:19].replace(':', '').replace('-', '')}.json"

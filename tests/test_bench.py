@@ -210,37 +210,37 @@ README = Path(bench.RESULTS).parents[1] / "README.md"
 README_RUN = Path(bench.RESULTS) / "nvidia-h200-20261202T045010.json"
 
 
-def _fig(x: float) -> str:
-    """The README's figures: three significant digits, whole numbers from 100 up, one rounding."""
-    return f"{x:.0f}" if x >= 100 else f"{x:.1f}" if x >= 10 else f"{x:.2f}"
-
-
 @pytest.mark.skipif(not README_RUN.exists(), reason="the README's run is not committed")
 def test_readme_performance_table_is_the_committed_run():
-    """Every cell of the README's Performance table from the run it names, rounded once; the best
-    fixed NSPLIT column says "(auto N)" where the automatic split count beat every fixed one."""
+    """The README's Performance table is bench.readme_table of the run it names, cell for cell
+    (every figure rounded once from the run; "(auto N)" where the automatic split count beat every
+    fixed one), and the run holds the nine shapes of the quick set."""
     res = json.loads(README_RUN.read_text())
     text = README.read_text()
     assert README_RUN.name in text.split("### Performance", 1)[1].split("\n\n", 2)[1]
-    table = text.split("| bs x prefix, q_len | roofline |", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
-    by = {}
-    for r in res["rows"]:
-        by.setdefault((r["bs"], r["prefix"], r["q_len"]), []).append(r)
-    k = {21: "21", 1024: "1K", 4096: "4K", 8192: "8K", 32768: "32K", 131072: "128K"}
-    assert len(table) == len(by) == 9
-    for line, ((bs, prefix, q_len), rs) in zip(table, by.items()):
-        cuda = [r for r in rs if r["backend"] == "cuda"]
-        auto = next(r for r in cuda if r["nsplit_auto"] and not r["graph"])
-        graph = next(r for r in cuda if r["graph"])
-        fixed = min((r for r in cuda if not r["nsplit_auto"] and not r["graph"]), key=lambda r: r["us"], default=None)
-        best = (f"{_fig(fixed['us'])} ({fixed['nsplit']}; auto {auto['nsplit']})" if fixed and fixed["us"] < auto["us"]
-                else f"{_fig(auto['us'])} (auto {auto['nsplit']})")
-        other = {r["backend"]: _fig(r["us"]) for r in rs if r["backend"] != "cuda"}
-        want = [f"{bs} x {k[prefix]}, {q_len}", _fig(rs[0]["floor_us"]),
-                f"{_fig(graph['us'])} ({100 * graph['roofline_frac']:.1f}%)", _fig(auto["us"]), best,
-                other["triton_sglang"], other["triton_decode"], other["torch"]]
-        cells = [c.strip().replace(" us", "") for c in line.strip("|").split("|")]
-        assert cells == want, line
+    table = text.split("| bs x prefix, q_len | roofline |", 1)[1].split("\n\n", 1)[0]
+    got = ("| bs x prefix, q_len | roofline |" + table).splitlines()
+    want = bench.readme_table(res).splitlines()
+    assert len(want) == 2 + 9
+    for g, w in zip(got, want, strict=True):
+        assert g == w
+
+
+def test_readme_table_rounds_once_and_marks_the_automatic_choice():
+    """A made-up run: figures to three significant digits (whole from 100 up), "us" on the first
+    row only, "(auto N)" where auto beat every fixed split, "(N; auto M)" where one fixed beat it."""
+    def row(backend, prefix, us, **kw):
+        return {"backend": backend, "bs": 1, "prefix": prefix, "q_len": 9, "us": us, "floor_us": 0.04,
+                "roofline_frac": 0.04 / us, "graph": False, "nsplit_auto": False, "nsplit": None, **kw}
+    rows = []
+    for prefix, auto_us, fixed_us in ((21, 7.654, 9.0), (1024, 16.04, 14.56)):
+        rows += [row("cuda", prefix, auto_us, nsplit_auto=True, nsplit=11),
+                 row("cuda", prefix, auto_us - 1.5, graph=True, nsplit_auto=True, nsplit=11),
+                 row("cuda", prefix, fixed_us, nsplit=32),
+                 row("triton_sglang", prefix, 183.6), row("triton_decode", prefix, 25.46), row("torch", prefix, 1469.2)]
+    lines = bench.readme_table({"rows": rows}).splitlines()
+    assert lines[2] == "| 1 x 21, 9 | 0.04 us | 6.15 us (0.6%) | 7.65 us | 7.65 (auto 11) | 184 us | 25.5 us | 1469 us |"
+    assert lines[3] == "| 1 x 1K, 9 | 0.04 | 14.5 (0.3%) | 16.0 | 14.6 (32; auto 11) | 184 | 25.5 | 1469 |"
 
 
 def test_decode_per_node_indices_are_each_nodes_attention():
