@@ -263,6 +263,15 @@ def test_rows_per_block(rows, nt, rpc):
     assert schedule.cdiv(rows, rpc) == schedule.cdiv(rows, 8 * nt)  # no extra block from the spreading
 
 
+def test_merge_groups():
+    """The merge's groups per row fill one wave of the GPU's resident threads, at most one per split."""
+    assert schedule.merge_groups(72, 65, 132) == 8       # 1 x 32K, q_len 9, H 8 on the H200: every group
+    assert schedule.merge_groups(72, 3, 132) == 3        # no more groups than splits
+    assert schedule.merge_groups(576, 8, 132) == 3       # 8 x 8K: 132 x 2048 / (576 x 128) = 3.7
+    assert schedule.merge_groups(576, 8, 132, threads_per_sm=1536) == 2   # an SM of sm_120 holds 1536: 2.75
+    assert schedule.merge_groups(2304, 2, 132) == 1      # 32 x 4K: the rows alone fill the GPU
+
+
 def test_block_and_split_choice():
     # bs 1, 32K prefix, q_len 9 x 8 heads = 72 rows: 2 blocks of 40 rows, one full wave over 132 SMs
     assert schedule.choose(1, 72, 32777, 132, 72)[0] == 5

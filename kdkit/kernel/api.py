@@ -133,7 +133,9 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
         nt = max(2, schedule.choose_nt(rows))
     require(nt is None or nt >= nh, "nt", f"{nt} with nh={nh}: each query half needs an n-tile")
     total_rows = T * H
-    sm_count = torch.cuda.get_device_properties(dev).multi_processor_count
+    props = torch.cuda.get_device_properties(dev)
+    sm_count = props.multi_processor_count
+    threads_per_sm = getattr(props, "max_threads_per_multi_processor", schedule.THREADS_PER_SM)  # (older torch: none)
     require(skip is None or skip in spec.SKIP_CHOICES, "skip",
             f"{skip!r}: choose one of {spec.SKIP_CHOICES} (None: the plan's)")
     # (choose_skip weighs the longest request's draft, not the grid's max_q_len, which defaults to
@@ -184,7 +186,7 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
     grid = (blocks, ns, sizes["bs"])
     return Plan(m, cfg, dev, T, H, ns, rpc, grid, meta["smem_bytes"], meta["threads"],
                 sizes["pool_rows_needed"], mod.key, out, lse, partial, merge, args,
-                [o_part, lse_part, m], schedule.merge_groups(total_rows, ns, sm_count))
+                [o_part, lse_part, m], schedule.merge_groups(total_rows, ns, sm_count, threads_per_sm))
 
 
 _STREAMS: dict = {}

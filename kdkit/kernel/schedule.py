@@ -173,12 +173,13 @@ def choose_launch(bs: int, rows: int, max_q_len: int, max_kv_len: int, sm_count:
     return nt, ns, skip
 
 
-THREADS_PER_SM = 2048  # resident threads per SM on sm_80..sm_120
+THREADS_PER_SM = 2048  # resident threads per SM on sm_80, sm_90, sm_100 (the H200); sm_86, sm_89 and
+                       # sm_120 hold 1536: the plan asks the device (api.plan), this is the fallback
 
 
-def merge_groups(total_rows: int, nsplit: int, sm_count: int) -> int:
+def merge_groups(total_rows: int, nsplit: int, sm_count: int, threads_per_sm: int = THREADS_PER_SM) -> int:
     """Thread groups per row of the merge kernel: as many as keep one wave of the GPU's threads
     busy (few rows: each row's splits are read by up to MERGE_GROUPS groups at once), one when the
     rows alone fill the GPU (more groups would only add waves), never more than the splits."""
-    fill = sm_count * THREADS_PER_SM // max(1, total_rows * MERGE_THREADS)
+    fill = sm_count * threads_per_sm // max(1, total_rows * MERGE_THREADS)
     return max(1, min(MERGE_GROUPS, nsplit, fill))
