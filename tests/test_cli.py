@@ -337,6 +337,9 @@ def test_replay_markdown_report(capsys, seed_case_path, tmp_path):
     md = target.read_text()
     assert md.startswith("# kdkit replay report") and "## Machine" in md and "Result: pass" in md
     assert len(SEED_LINE.findall(md)) == 2
+    # the CPU line: the torch and oracle backends' last bits depend on the CPU's kernels and threads
+    cpu = re.search(r"^- cpu: (.+)$", md, re.M)
+    assert cpu and re.search(r"; torch CPU kernels \w+, \d+ threads$", cpu.group(1)), md
 
 
 def test_demo_report_is_one_file_it_overwrites(capsys, tmp_path, seed_case_path):
