@@ -155,6 +155,28 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
+def cpu() -> str:
+    """The CPU's model, the instruction set torch's CPU kernels dispatch to and torch's threads: the
+    torch and oracle backends' last bits depend on them, so a report that differs on another
+    machine says which one it came from."""
+    model, flags = platform.processor() or platform.machine(), set()
+    try:  # Linux; a VM's model name may be generic ("Intel Xeon Processor"): its flags tell the generation
+        with open("/proc/cpuinfo") as f:
+            info = f.read()
+        model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), model)
+        flags = set(next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), []))
+    except OSError:
+        pass
+    has = [f for f in ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile") if f in flags]
+    if has:
+        model += " (" + " ".join(has) + ")"
+    try:
+        isa = torch.backends.cpu.get_cpu_capability()
+    except (AttributeError, RuntimeError):
+        isa = "unknown"
+    return f"{model}; torch CPU kernels {isa}, {torch.get_num_threads()} threads"
+
+
 def machine() -> dict:
     """What the replay ran on; versions read from package metadata (importing triton is slow)."""
     from . import __version__
@@ -163,7 +185,7 @@ def machine() -> dict:
     else:
         gpu = "CPU only"
     return {"kdkit": __version__, "python": platform.python_version(),
-            "platform": platform.platform(terse=True), "torch": str(torch.__version__),
+            "platform": platform.platform(terse=True), "cpu": cpu(), "torch": str(torch.__version__),
             "triton": _version("triton"), "numpy": _version("numpy"), "gpu": gpu,
             "cuda (torch)": str(torch.version.cuda or "none")}
 

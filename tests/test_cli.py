@@ -337,6 +337,9 @@ def test_replay_markdown_report(capsys, seed_case_path, tmp_path):
     md = target.read_text()
     assert md.startswith("# kdkit replay report") and "## Machine" in md and "Result: pass" in md
     assert len(SEED_LINE.findall(md)) == 2
+    # the CPU line: the torch and oracle backends' last bits depend on the CPU's kernels and threads
+    cpu = re.search(r"^- cpu: (.+)$", md, re.M)
+    assert cpu and re.search(r"; torch CPU kernels \w+, \d+ threads$", cpu.group(1)), md
 
 
 def test_demo_report_is_one_file_it_overwrites(capsys, tmp_path, seed_case_path):
@@ -434,7 +437,7 @@ PROBE = ("import sys\nfrom kdkit.cli import main\ntry:\n    rc = main(sys.argv[1
     (["nosuch"], 2, ("torch", "plotly")),
     (["replay", "--help"], 0, ("plotly", "triton")),
     (["inspect", str(SEED)], 0, ("plotly", "triton")),
-    (["replay", str(SEED), "--backends", "oracle,torch"], 0, ("plotly", "triton")),
+    (["replay", str(SEED), "--backends", "oracle"], 0, ("plotly", "triton")),   # (imports, not numerics: no torch backend)
 ], ids=["help", "bad-arg", "replay-help", "inspect", "replay"])
 def test_start_up_imports_only_what_the_command_needs(tmp_path, argv, rc, unwanted):
     """Issue 12 item 13: the command line imports torch and plotting only when the command needs them."""

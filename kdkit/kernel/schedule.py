@@ -173,7 +173,7 @@ def choose_launch(bs: int, rows: int, max_q_len: int, max_kv_len: int, sm_count:
     return nt, ns, skip
 
 
-THREADS_PER_SM = 2048  # resident threads per SM on sm_80, sm_90, sm_100 (the H200); sm_86, sm_89 and
+THREADS_PER_SM = 2048  # resident threads per SM on sm_80, sm_90 (the H200) and sm_100; sm_86, sm_89 and
                        # sm_120 hold 1536: the plan asks the device (api.plan), this is the fallback
 
 
