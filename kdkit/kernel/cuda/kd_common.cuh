@@ -29,6 +29,27 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
+// A 4- or 8-byte global load issued where it is written. A plain load's issue may be moved past a
+// branch (an early return) to its first use, and ptxas does so; a relaxed (memory-model) load may
+// not be dropped from the path that returns, so loads meant to be in flight together are. CTA
+// scope: the data is read-only here, and the load may still hit L1 (a volatile one, system scope,
+// always went to L2)
+template <typename T>
+__device__ __forceinline__ T ld_now(const T* ptr) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "ld_now loads 4 or 8 bytes");
+  T v;
+  if constexpr (sizeof(T) == 4) {
+    kd_u32 x;
+    asm volatile("ld.relaxed.cta.global.b32 %0, [%1];\n" : "=r"(x) : "l"(ptr));
+    memcpy(&v, &x, 4);
+  } else {
+    unsigned long long x;
+    asm volatile("ld.relaxed.cta.global.b64 %0, [%1];\n" : "=l"(x) : "l"(ptr));
+    memcpy(&v, &x, 8);
+  }
+  return v;
+}
+
 // four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i
 __device__ __forceinline__ void ldsm_x4(kd_u32 addr, kd_u32 (&r)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"

@@ -176,6 +176,22 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   const bf16* pool = static_cast<const bf16*>(p.kv_buf);
 
   const int H = p.num_heads;
+  // The 8-row builds (short KV: the prologue is much of their time) issue every load that needs
+  // only the request's number here, with its token range: its KV range, prefix and mask row are
+  // then one memory round trip on the way to the first KV tile, not two (a plain load's issue
+  // sinks past the early return below, so these are kd::ld_now). The larger builds keep their
+  // measured code (the constexpr choices below fold to it): hoisted, these loads cost them 2%
+  // (kernel-hoist in benchmarks/LOG.md: their loop's registers moved).
+  constexpr bool kHoist = KD_NT == 1 && KD_NH == 1;
+  KD_KVP_T kvp0 = 0, kvp1 = 0;
+  KD_PFX_T pfx = 0;
+  KD_MIP_T mip = 0;
+  if (kHoist) {
+    kvp0 = kd::ld_now(kv_indptr + b);
+    kvp1 = kd::ld_now(kv_indptr + b + 1);
+    if (p.unified) pfx = kd::ld_now(static_cast<const KD_PFX_T*>(p.prefix_lens) + b);
+    if (p.mask) mip = kd::ld_now(static_cast<const KD_MIP_T*>(p.mask_indptr) + b);
+  }
   const int qs = static_cast<int>(qo_indptr[b]);
   const int n = static_cast<int>(qo_indptr[b + 1]) - qs;  // draft tokens of this request
   const int rows = n * H;
@@ -183,16 +199,16 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   if (row0 >= rows) return;  // the grid is sized for the longest request
   const int nrows = min(p.rows_per_cta, rows - row0);
 
-  const kd_i64 kv_start = static_cast<kd_i64>(kv_indptr[b]);
-  const int pool_len = static_cast<int>(kv_indptr[b + 1] - kv_indptr[b]);
-  const int prefix = p.unified ? static_cast<int>(static_cast<const KD_PFX_T*>(p.prefix_lens)[b]) : pool_len;
+  const kd_i64 kv_start = static_cast<kd_i64>(kHoist ? kvp0 : kv_indptr[b]);
+  const int pool_len = static_cast<int>(kHoist ? kvp1 - kvp0 : kv_indptr[b + 1] - kv_indptr[b]);
+  const int prefix = p.unified ? static_cast<int>(kHoist ? pfx : static_cast<const KD_PFX_T*>(p.prefix_lens)[b]) : pool_len;
   const int kv_len = KD_MUT_KV_LEN(p.unified ? pool_len : pool_len + n, prefix);
   const int span = kd::cdiv(kd::cdiv(kv_len, p.nsplit), KD_BN) * KD_BN;
   const int kv_begin = split * span;
   const int kv_end = min(kv_len, kv_begin + span);
   const int nsteps_all = kv_begin < kv_end ? kd::cdiv(kv_end - kv_begin, KD_BN) : 0;
   const kd_u8* mask = p.mask;
-  const kd_i64 mask_base = mask ? static_cast<kd_i64>(static_cast<const KD_MIP_T*>(p.mask_indptr)[b]) : 0;
+  const kd_i64 mask_base = mask ? static_cast<kd_i64>(kHoist ? mip : static_cast<const KD_MIP_T*>(p.mask_indptr)[b]) : 0;
   const int mask_pitch = prefix + n;
   const float scale = KD_MUT_SCALE(p.sm_scale);
   const float scale_log2 = scale * KD_LOG2E;
