@@ -284,8 +284,11 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
 
   // ---- KV step loader (the first KD_LD_THREADS threads). Thread -> KV row (tid >> 3) of a step,
   // 16-byte chunks (tid & 7) + 8j of it:
-  // one pool index per thread per step, fetched three steps ahead, the row pulled into L2 two steps
-  // ahead, and copied to shared memory (cp.async) one step ahead, so no copy waits on an index.
+  // one pool index per thread per step, fetched three steps ahead, and the row copied to shared
+  // memory (cp.async) one step ahead, so no copy waits on an index. The loop pulls nothing into L2
+  // ahead of the copy (at 8 warps): a step's copy has a whole step (1.5 us at 40 rows) to land, and
+  // measured, not waiting for it at all saved 1% at most, while the prefetch's own instructions
+  // cost 1-3.6% (benchmarks/LOG.md, kernel-np). The prologue pulls step 1, whose copy follows it.
   const bool loader = tid < KD_LD_THREADS;  // warp-uniform; the other warps commit empty groups
   const int ld_row = (tid / 8) & (KD_BN - 1), ld_c0 = tid & 7;
   // chunk ld_c0 + 8j of the row lands at ld_dst + 128 j: the swizzle permutes within groups of 8,
@@ -302,9 +305,9 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
                           : kg_ + static_cast<kd_i64>(qs + pos - pool_len) * p.k_stride_tok;
   };
   // In the plain build the blocks holding a request's other rows stream the same steps: only the
-  // first of them (tile 0) pulls a step into L2, so L2 takes one prefetch per line, not one per
-  // sibling (13 at q_len 64, H 8); the others' copies find it there. (The skip builds' siblings may
-  // stream different steps: each pulls its own.)
+  // first of them (tile 0) pulls step 1 into L2, so L2 takes one prefetch per line, not one per
+  // sibling (13 at q_len 64, H 8). (The skip builds' siblings may stream different steps: each
+  // pulls its own.)
   const bool puller = loader && (KD_SKIP || tile == 0);
   auto prefetch_l2 = [&](const bf16* src) {
     if (!puller || src == nullptr) return;  // 9 lines of 128 B per KV row: line ld_c0 + 8 l
@@ -805,7 +808,9 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
       copy_step(stage ^ 1, row_src(KD_GATHER ? pos_of(it + 1, ld_row) : next + ld_row, idx1));
       idx1 = idx2;                                           // step it + 2
       idx2 = fetch_index(pos_of(it + 3, ld_row));            // step it + 3
-      prefetch_l2(row_src(pos_of(it + 2, ld_row), idx1));
+      // (the 16-warp builds keep their measured loop, L2 prefetch and all: without it the sm_120
+      // 40-row build spills; they are a choice to measure, not the plan's)
+      if (KD_NH == 2) prefetch_l2(row_src(pos_of(it + 2, ld_row), idx1));
     };
     if (!kCopyAfterBarrier && !last) {
       issue_next();
