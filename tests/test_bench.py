@@ -207,7 +207,7 @@ def test_combine_refuses_other_gpus_and_keeps_the_later_duplicate(tmp_path):
 
 
 README = Path(bench.RESULTS).parents[1] / "README.md"
-README_RUN = Path(bench.RESULTS) / "nvidia-h200-20261202T085417.json"
+README_RUN = Path(bench.RESULTS) / "nvidia-h200-20261202T103931.json"
 
 
 @pytest.mark.skipif(not README_RUN.exists(), reason="the README's run is not committed")
