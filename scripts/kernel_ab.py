@@ -15,9 +15,10 @@ the spread of a variant's times. Graph replay, a 256 MiB L2 flush before each ca
 Rows go to DIR/times.jsonl (appended); the table at the end gives each variant's fastest and
 slowest time per shape and its ratio to the first variant's (`table DIR` prints it again).
 
-A variant may fix plan options after a colon (`skip`, `nt`, `nh`, `nsplit`, `fused`; values true,
-false, none, an integer or a word): `plain=main:skip=false step=main:skip=true` times two builds of
-one commit; every shape the option does not fit (or that the variant's kdkit does not know) is
+A variant may fix plan options after a colon (`skip`, `nt`, `nh`, `nsplit`, `fused`, `knockout`;
+values true, false, none, an integer or a word): `plain=main:skip=false step=main:skip=true` times
+two builds of one commit, `ko=main:knockout=softmax` the timing-only build without the softmax's
+work (kdkit/kernel/knockouts.py); every shape the option does not fit (or that the variant's kdkit does not know) is
 reported and left out of that variant.
 
 The shapes: `kdkit bench --quick`'s and the deep trees at prefix 21 (q_len 64, 257; DEEP), or with
@@ -39,7 +40,7 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 DEEP = [(1, 21, 64, 8), (1, 21, 64, 16), (1, 21, 257, 8), (1, 21, 257, 16), (8, 21, 257, 16)]
 
 
-OPTS = ("skip", "nt", "nh", "nsplit", "fused")  # kdkit.kernel.plan's options a variant may fix
+OPTS = ("skip", "nt", "nh", "nsplit", "fused", "knockout")  # kdkit.kernel.plan's options a variant may fix
 
 
 def _value(text: str):

@@ -77,6 +77,24 @@ def test_skip_builds_fit():
         assert rep.breaches() == [], (mutant, rep.table())
 
 
+def test_knockouts_are_timing_only_builds_named_in_their_key():
+    """Each knockout (kdkit/kernel/knockouts.py: one part of the kernel switched off, to time what
+    the part costs) builds within sm_120's limits, its module key names it, and its code differs
+    from the kernel's (the hook acts); the kernel's own build defines no KD_KO. An unknown name is
+    refused with the field named."""
+    from kdkit.kernel import knockouts
+    assert "KD_KO" not in vk.KernelConfig(nt=5).defines()
+    kernel_ptx = vk.build(vk.KernelConfig(nt=5), "sm_120").ptx
+    for name in knockouts.KNOCKOUTS:
+        rep = vk.compile_report("sm_120", vk.KernelConfig(nt=5, knockout=name))
+        assert rep.breaches() == [], (name, rep.table())
+        assert f"-ko-{name}-" in rep.key
+        assert vk.build(vk.KernelConfig(nt=5, knockout=name), "sm_120").ptx != kernel_ptx, name
+    with pytest.raises(vk.ConfigError, match="knockout 'nope': choose one of") as e:
+        vk.KernelConfig(knockout="nope")
+    assert e.value.field == "knockout"
+
+
 def test_gather_builds_fit():
     """The column gather up to spec.GATHER_MAX_NT n-tiles, 8 and 16 warps, and its mutants: sm_120's
     limits, no spills (sm_90 too); more n-tiles are refused with the field named."""

@@ -86,6 +86,18 @@ def test_mutants_fail(mutant, layout):
     assert not v.passed, f"mutant {mutant} passed the check: the checker is broken"
 
 
+@pytest.mark.parametrize("knockout", ["loop", "loads", "qk", "softmax", "pv"])
+def test_knockouts_fail_the_check(knockout):
+    """A knockout (kdkit/kernel/knockouts.py: a timing-only build with one part of the KV step
+    switched off) fails the check the kernel passes, so its build is never taken for the kernel's;
+    its run says what it is."""
+    case = load(DATA / "long-prefix-8k.pt")
+    assert _judge(case, cuda.run(case, nsplit=2)).passed
+    res = cuda.run(case, nsplit=2, knockout=knockout)
+    assert f"KNOCKOUT {knockout}" in res.info["ran"] and res.info["knockout"] == knockout
+    assert not _judge(case, res).passed, f"knockout {knockout} passed the check"
+
+
 @pytest.mark.parametrize("nsplit", [1, 2, 3, 7, 64, 256])
 def test_split_counts_agree(nsplit):
     case = _named("split-counts")

@@ -62,6 +62,7 @@ def test_variant_plan_options():
     assert ab._variant("f0=kernel-fused:fused=false") == ("f0", "kernel-fused", {"fused": False})
     assert ab._variant("p=main:skip=false,nsplit=none") == ("p", "main", {"skip": False, "nsplit": None})
     assert ab._variant("main:skip=true") == ("main", "main", {"skip": True})
+    assert ab._variant("ko=main:knockout=copy-wait") == ("ko", "main", {"knockout": "copy-wait"})
     for bad in ("a=main:warps=8", "a=main:skip"):
         with pytest.raises(SystemExit, match="KEY=VALUE"):
             ab._variant(bad)

@@ -39,12 +39,15 @@ def plan_case(case, x: dict, **opts) -> kernel.Plan:
 
 
 def run(case, nsplit: int | None = None, mutant: str | None = None, nt: int | None = None,
-        nh: int | None = None, skip: bool | str | None = None, device: str = "cuda") -> Result:
+        nh: int | None = None, skip: bool | str | None = None, device: str = "cuda",
+        knockout: str | None = None) -> Result:
+    """knockout: a timing-only build with one part switched off (kdkit/kernel/knockouts.py), wrong
+    by design; its label says so."""
     x = to_device(case, device)
-    p = plan_case(case, x, nsplit=nsplit, mutant=mutant, nt=nt, nh=nh, skip=skip)
+    p = plan_case(case, x, nsplit=nsplit, mutant=mutant, nt=nt, nh=nh, skip=skip, knockout=knockout)
     out, lse = kernel.run(p, x["q"], x["k"], x["v"], x["kv_buffer"])
     torch.cuda.synchronize()
     info = {"device": torch.cuda.get_device_name(), **p.info}
     info["ran"] = (f"{info['device']}, nsplit {p.nsplit}, grid {p.grid}, {p.key}"
-                   + (f", MUTANT {mutant}" if mutant else ""))
+                   + (f", MUTANT {mutant}" if mutant else "") + (f", KNOCKOUT {knockout}" if knockout else ""))
     return Result(out.clone(), lse.clone(), info)

@@ -78,7 +78,7 @@ class Plan:
     def info(self) -> dict:
         return {"nsplit": self.nsplit, "rows_per_cta": self.rows_per_cta, "grid": self.grid, "warps": self.threads // 32,
                 "merge_groups": self.merge_groups,
-                "module": self.key, "smem": self.smem, "mutant": self.config.mutant}
+                "module": self.key, "smem": self.smem, "mutant": self.config.mutant, "knockout": self.config.knockout}
 
 
 def _ptr(t) -> int:
@@ -89,7 +89,8 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
          custom_mask=None, mask_indptr=None, logit_cap: float = 0.0, causal: bool = False,
          layout: str = "sglang", max_q_len: int | None = None, nsplit: int | None = None,
          mutant: str | None = None, check: bool = True, nt: int | None = None, nh: int | None = None,
-         skip: bool | str | None = None, num_tokens: int | None = None, max_kv_len: int | None = None) -> Plan:
+         skip: bool | str | None = None, num_tokens: int | None = None, max_kv_len: int | None = None,
+         knockout: str | None = None) -> Plan:
     """Host work for one batch. The grid covers `max_q_len` tokens per request (None: all T tokens
     of the call, so a graph replay stays right however the same T tokens are split among the
     requests; SGLang's verify graphs keep q_len fixed: pass it). Prefix lengths may change freely
@@ -100,7 +101,10 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
     row of a block sees (a mask's tree ancestry); "gather": only their visible columns.
 
     check=True reads the index arrays once and refuses bad contents; check=False with num_tokens,
-    max_q_len and max_kv_len given reads nothing from the device (planning inside graph capture)."""
+    max_q_len and max_kv_len given reads nothing from the device (planning inside graph capture).
+
+    knockout (kdkit/kernel/knockouts.py) builds a timing-only kernel with one part switched off:
+    its results are wrong by design."""
     if custom_mask is not None and custom_mask.dtype == torch.bool:
         custom_mask = custom_mask.view(torch.uint8)  # same bytes; the kernel reads != 0
     m = Metadata(qo_indptr, kv_indptr, kv_indices, prefix_lens, custom_mask, mask_indptr, int(num_heads),
@@ -152,7 +156,7 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
             "skip", f"'gather', causal without a mask, at max_q_len {max_q_len}: its list's 16-bit end mark covers "
             f"q_len up to {spec.GATHER_NOMASK_MAX_Q} (without a mask there is nothing to gather: skip=False)")
     try:
-        cfg = spec.KernelConfig(nt=nt, mutant=mutant, nh=nh, skip=skip, **idx)
+        cfg = spec.KernelConfig(nt=nt, mutant=mutant, nh=nh, skip=skip, knockout=knockout, **idx)
     except spec.ConfigError as e:
         raise InputError(f"field '{e.field}': {e}") from None
     except (KeyError, ValueError) as e:  # kdkit.mutants refuses an unknown name

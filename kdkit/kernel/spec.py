@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from ..constants import KV_LORA_RANK, QK_ROPE_HEAD_DIM
-from . import jit, mutants, params
+from . import jit, knockouts, mutants, params
 
 SOURCE = "mla_tc.cu"
 PARTIAL, MERGE = "kd_mla_tc_partial", "kd_mla_tc_merge"
@@ -58,6 +58,7 @@ class KernelConfig:
     kvi_t: torch.dtype = torch.int32
     mip_t: torch.dtype = torch.int64
     pfx_t: torch.dtype = torch.int64
+    knockout: str | None = None  # a timing-only build, wrong by design (kdkit/kernel/knockouts.py)
 
     def __post_init__(self):
         if self.nt not in NT_CHOICES:
@@ -71,6 +72,10 @@ class KernelConfig:
             raise ConfigError("skip", f"skip='gather' with nt={self.nt}: the column list fits in shared memory up to "
                              f"nt={GATHER_MAX_NT} (use skip=True, the step skip, at {self.nt} n-tiles)")
         mutants.defines(self.mutant)  # raises on an unknown name
+        try:
+            knockouts.defines(self.knockout)
+        except ValueError as e:
+            raise ConfigError("knockout", str(e)) from None
 
     @property
     def rows(self) -> int:
@@ -84,6 +89,7 @@ class KernelConfig:
              "KD_KVI_T": _CTYPES[self.kvi_t], "KD_MIP_T": _CTYPES[self.mip_t],
              "KD_PFX_T": _CTYPES[self.pfx_t]}
         d.update(mutants.defines(self.mutant))
+        d.update(knockouts.defines(self.knockout))
         return d
 
     def tags(self) -> dict:
@@ -95,6 +101,8 @@ class KernelConfig:
             t["skip"] = "gather" if self.skip == "gather" else 1
         if self.mutant:
             t["mut-"] = self.mutant
+        if self.knockout:
+            t["ko-"] = self.knockout
         return t
 
 

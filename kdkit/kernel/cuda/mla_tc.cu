@@ -24,6 +24,7 @@
 // from k/v; "unified": everything from the pool. Every KD_MUT_* hook is the identity in production.
 #include "kd_common.cuh"
 #include "kd_mutants.cuh"
+#include "kd_knockouts.cuh"  // timing-only builds (KD_KO 0 here: every test folds away)
 // KdParams (the one argument) is generated from kdkit/kernel/params.py ahead of this file
 
 using bf16 = __nv_bfloat16;
@@ -166,6 +167,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;  // MMA fragment coordinates
   const int tile = blockIdx.x, split = blockIdx.y, b = blockIdx.z;
+  if (KD_KO == KD_KO_ENTRY) return;
 
   const KD_QO_T* qo_indptr = static_cast<const KD_QO_T*>(p.qo_indptr);
   const KD_KVP_T* kv_indptr = static_cast<const KD_KVP_T*>(p.kv_indptr);
@@ -617,9 +619,9 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     // (at 16 warps, 128 registers, single-buffered: the other warps hide the load instead)
     constexpr int kABufs = KD_NH == 2 ? 1 : 2;
     kd_u32 a[2][4];
-    kd::ldsm_x4(a_lane, a[0]);
+    if (KD_KO != KD_KO_QK) kd::ldsm_x4(a_lane, a[0]);
 #pragma unroll
-    for (int ks = 0; ks < KD_KSTEPS; ++ks) {
+    for (int ks = 0; ks < KD_KSTEPS && KD_KO != KD_KO_QK; ++ks) {
       if (kABufs == 1 && ks > 0) kd::ldsm_x4(a_lane + ks * 128, a[0]);
       if (kABufs == 2 && ks + 1 < KD_KSTEPS) kd::ldsm_x4(a_lane + (ks + 1) * 128, a[(ks + 1) & 1]);
       if (KD_MUT_QK_DIMS(KD_D) < KD_D && (dg + KD_KG * ks) * 16 >= KD_MUT_QK_DIMS(KD_D)) continue;
@@ -677,6 +679,12 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   auto softmax_phase = [&](kd_u32 vis) -> bool {
     // every column's score first (their shared-memory loads in flight together), then one vote:
     // does any column's max move this step? Only then the per-column votes and reductions
+    if (KD_KO == KD_KO_SOFTMAX) {
+#pragma unroll
+      for (int j = 0; j < KD_NTH; ++j)
+        if (has_col(j)) sP[col_of(j) * KD_PPITCH + lane] = __float2bfloat16(0.01f);
+      return false;
+    }
     float x[KD_NTH];
     bool moves = false;
 #pragma unroll
@@ -746,7 +754,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     kd_u32 pb[KD_NT][4];
 #pragma unroll
     for (int nt = 0; nt < KD_NT; ++nt)
-      if (!kPbPerStep) kd::ldsm_x4(s_p + ((nt * 8 + (lane & 7)) * KD_PPITCH + (lane >> 3) * 8) * 2, pb[nt]);
+      if (!kPbPerStep && KD_KO != KD_KO_PV) kd::ldsm_x4(s_p + ((nt * 8 + (lane & 7)) * KD_PPITCH + (lane >> 3) * 8) * 2, pb[nt]);
     // V^T: lane row (lane & 7) + 8 (lane >> 4) of each 16-row k-step, chunk
     // V_DIM0/8 + KD_VCH warp + 2 mt + hi, swizzled in its low 3 bits by the row's (lane & 7)
     const int vr0 = (lane & 7) + (lane >> 4) * 8, vhi = (lane >> 3) & 1;
@@ -768,7 +776,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
       v_lane[mt] = s_tile + vr0 * KD_ROW_BYTES + (((vc & ~7) | ((vc ^ KD_MUT_SWZ_READ(vr0)) & 7)) << 4);
     }
 #pragma unroll
-    for (int ks = 0; ks < 2; ++ks) {
+    for (int ks = 0; ks < 2 && KD_KO != KD_KO_PV; ++ks) {
       if (kPbPerStep) {
 #pragma unroll
         for (int nt = 0; nt < KD_NT; ++nt) {
@@ -792,7 +800,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   // KD_SKIP: the compacted sequence (the loader follows it too) ends at a start of kv_end; the loop
   // keeps no step count, a register fewer at the 40-row build's limit. Else nlin steps in order.
   constexpr bool kCopyAfterBarrier = KD_NH == 1;  // (see the step's first barrier)
-  for (int it = 0; KD_SKIP || it < nlin; ++it) {
+  for (int it = 0; KD_KO != KD_KO_LOOP && (KD_SKIP || it < nlin); ++it) {
     const int start = step_start(it);
     if (KD_SKIP && start >= kv_end) break;  // block-uniform
     const int stage = it & 1;
@@ -805,6 +813,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     // to measure where the step is short against memory latency). 16 warps (128
     // registers) keep the copy before the wait and a barrier after PV: the other order spills there.
     auto issue_next = [&]() {
+      if (KD_KO == KD_KO_LOADS) { kd::cp_async_commit(); return; }
       copy_step(stage ^ 1, row_src(KD_GATHER ? pos_of(it + 1, ld_row) : next + ld_row, idx1));
       idx1 = idx2;                                           // step it + 2
       idx2 = fetch_index(pos_of(it + 3, ld_row));            // step it + 3
@@ -815,7 +824,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     if (!kCopyAfterBarrier && !last) {
       issue_next();
       kd::cp_async_wait<1>();
-    } else {
+    } else if (KD_KO != KD_KO_COPY_WAIT) {
       kd::cp_async_wait<0>();
     }
     __syncthreads();

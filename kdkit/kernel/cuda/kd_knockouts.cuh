@@ -1,0 +1,15 @@
+// Knockouts: timing-only builds with one part of the partial kernel switched off (kdkit/kernel/
+// knockouts.py: `KernelConfig(knockout=...)`, `plan(knockout=...)`). Their results are wrong by
+// design. The production build leaves KD_KO at 0, so every test below folds away.
+#pragma once
+
+#ifndef KD_KO
+#define KD_KO 0
+#endif
+#define KD_KO_ENTRY 1      // return at entry
+#define KD_KO_LOOP 2       // no KV step
+#define KD_KO_LOADS 3      // no copy or index load in the loop
+#define KD_KO_COPY_WAIT 4  // the loop's copies never waited for
+#define KD_KO_QK 5         // no QK ldmatrix or MMA
+#define KD_KO_SOFTMAX 6    // no softmax work
+#define KD_KO_PV 7         // no PV ldmatrix or MMA

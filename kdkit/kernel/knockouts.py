@@ -1,0 +1,31 @@
+"""Knockouts: timing-only builds of the kernel with one part switched off, to measure what the part
+costs. Their results are WRONG by design: no check runs on them and nothing uses their output.
+
+    python3 scripts/kernel_ab.py export DIR main ko=main:knockout=softmax   # then `time DIR` on the GPU
+
+A knockout is `KD_KO` set to one of cuda/kd_knockouts.cuh's numbers; the production build defines
+nothing, every test of it folds away at compile time, and its code is the code without the hooks.
+(Mutants, by contrast, are wrong builds that the judge must catch: kdkit/mutants.py.)
+"""
+from __future__ import annotations
+
+# name -> (KD_KO, what is switched off). Numbers as in cuda/kd_knockouts.cuh.
+KNOCKOUTS = {
+    "entry": (1, "the partial kernel returns at entry (its launch; the merge still runs where the plan splits)"),
+    "loop": (2, "no KV step: the prologue (its loads and first tiles' copies) and the epilogue only"),
+    "loads": (3, "no loads in the KV loop: no copy or index load (each step reads the prologue's tiles)"),
+    "copy-wait": (4, "the loop's copies issued but never waited for"),
+    "qk": (5, "no QK: no ldmatrix or MMA (zero scores stored)"),
+    "softmax": (6, "no softmax work: P a constant, no max or sum moves"),
+    "pv": (7, "no PV: no ldmatrix or MMA"),
+}
+
+
+def defines(name: str | None) -> dict:
+    """The build's define for knockout `name`; {} for None. An unknown name is a ValueError that
+    lists the known ones."""
+    if name is None:
+        return {}
+    if name not in KNOCKOUTS:
+        raise ValueError(f"knockout {name!r}: choose one of {sorted(KNOCKOUTS)} (timing-only builds; None: the kernel)")
+    return {"KD_KO": KNOCKOUTS[name][0]}
