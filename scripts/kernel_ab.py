@@ -22,7 +22,8 @@ work (kdkit/kernel/knockouts.py); every shape the option does not fit (or that t
 reported and left out of that variant.
 
 The shapes: `kdkit bench --quick`'s and the deep trees at prefix 21 (q_len 64, 257; DEEP), or with
---shapes the grid's shapes whose label contains TEXT (labels read "32x131072 q9 H8").
+--shapes the grid's shapes whose label contains TEXT, or any of several texts separated by commas
+(labels read "32x131072 q9 H8": `--shapes "1x21 q9 H8,x32768 q9 H8"`).
 """
 from __future__ import annotations
 
@@ -98,7 +99,8 @@ def shapes(text: str | None) -> list[tuple[int, int, int, int]]:
     sys.path.insert(0, str(ROOT))
     from kdkit import bench
     if text:
-        picked = [s for s in bench.grid() if text in s.label]
+        texts = [t.strip() for t in text.split(",") if t.strip()]
+        picked = [s for s in bench.grid() if any(t in s.label for t in texts)]
         if not picked:
             raise SystemExit(f"error: --shapes {text!r} matches no shape; labels look like {bench.grid()[0].label}")
     else:
@@ -196,7 +198,8 @@ def main(argv=None) -> int:
     e.add_argument("refs", nargs="+", help="REF, NAME=REF or NAME=REF:OPT=V,...; the first is the baseline")
     t = sub.add_parser("time", help="time every variant under DIR on this GPU")
     t.add_argument("dir", type=Path)
-    t.add_argument("--shapes", default=None, help="the grid's shapes whose label contains this text")
+    t.add_argument("--shapes", default=None,
+                   help="the grid's shapes whose label contains this text (or any of several, comma-separated)")
     t.add_argument("--rounds", type=int, default=2)
     t.add_argument("--budget-s", type=float, default=0.3, help="timing budget per shape and variant")
     p = sub.add_parser("table", help="print the table of DIR/times.jsonl")

@@ -73,6 +73,7 @@ def test_shapes_are_the_quick_set_and_the_deep_trees():
     got = ab.shapes(None)
     assert got[:len(quick)] == quick and set(ab.DEEP) <= set(got)
     assert ab.shapes("32x131072 q9") == [(32, 131072, 9, 8), (32, 131072, 9, 16)]
+    assert ab.shapes("1x21 q9 H8, 32x131072 q9 H16") == [(1, 21, 9, 8), (32, 131072, 9, 16)]
     with pytest.raises(SystemExit, match="matches no shape"):
         ab.shapes("7x7")
 
