@@ -847,6 +847,8 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     pv_phase(s_tile, moved, vaside, it);
     if (!kCopyAfterBarrier) __syncthreads();  // the next step's copy overwrites this tile
   }
+  // (the knockouts that leave copies in flight land them before the epilogue reuses the ring)
+  if (KD_KO == KD_KO_LOOP || KD_KO == KD_KO_COPY_WAIT) kd::cp_async_wait<0>();
   if (kCopyAfterBarrier) __syncthreads();  // every warp's PV is done: the epilogue writes over the ring
 
   // ---- epilogue: O^T fragments (unnormalised) and each column's max and sum to shared memory
