@@ -410,7 +410,8 @@ def summary(res: dict) -> str:
                             "triton ext", "triton dec", "torch"], tablefmt="simple", disable_numparse=True,
                     stralign="right")
     skipped = [f"skipped {k}: {v}" for k, v in res.get("skipped", {}).items()]
-    return "\n".join([head, body, *skipped])
+    from .bench_results import verdict_lines
+    return "\n".join([head, body, *skipped, *verdict_lines(res)])
 
 
 _PREFIX_TEXT = {21: "21", 1024: "1K", 4096: "4K", 8192: "8K", 32768: "32K", 131072: "128K"}

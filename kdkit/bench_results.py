@@ -187,6 +187,73 @@ def summary(results: dict, **want) -> list[dict]:
     return out
 
 
+# the issue's line for the automatic split count: within this factor of the best fixed one
+AUTO_WITHIN = 1.10
+
+
+def verdicts(results: dict) -> dict:
+    """The grid's verdicts from eager times, each backend against kdkit's automatic choice:
+    "shapes" (measured with an automatic cuda row); "slower" (shapes where some other backend was
+    faster: (shape, backend, its us, kdkit's us)); per other backend its least speed-up of kdkit
+    ("least": backend -> (ratio, shape)); "fixed" (shapes with fixed split counts), "auto_beat_all"
+    (of those, where auto was at least as fast as every fixed count), "auto_worst" ((auto over
+    best, shape, auto's split count, the best's)) and "auto_within" (shapes within AUTO_WITHIN);
+    "roofline_max" ((fraction, shape)). A shape is (bs, prefix, q_len, heads)."""
+    by: dict[tuple, list[dict]] = {}
+    for r in results["rows"]:
+        if not r["graph"]:
+            by.setdefault((r["bs"], r["prefix"], r["q_len"], r["heads"]), []).append(r)
+    out = {"shapes": 0, "slower": [], "least": {}, "fixed": 0, "auto_beat_all": 0, "auto_within": 0,
+           "auto_worst": None, "roofline_max": None}
+    for shape, rs in sorted(by.items()):
+        auto = [r for r in rs if r["backend"] == "cuda" and r["nsplit_auto"]]
+        if not auto:
+            continue
+        a = auto[0]
+        out["shapes"] += 1
+        if out["roofline_max"] is None or a["roofline_frac"] > out["roofline_max"][0]:
+            out["roofline_max"] = (a["roofline_frac"], shape)
+        for r in rs:
+            if r["backend"] == "cuda":
+                continue
+            if r["us"] < a["us"]:
+                out["slower"].append((shape, r["backend"], r["us"], a["us"]))
+            ratio = r["us"] / a["us"]
+            if r["backend"] not in out["least"] or ratio < out["least"][r["backend"]][0]:
+                out["least"][r["backend"]] = (ratio, shape)
+        fixed = [r for r in rs if r["backend"] == "cuda" and not r["nsplit_auto"]]
+        if fixed:
+            best = min(fixed, key=lambda r: r["us"])
+            over = a["us"] / best["us"]
+            out["fixed"] += 1
+            out["auto_beat_all"] += over <= 1.0
+            out["auto_within"] += over <= AUTO_WITHIN
+            if out["auto_worst"] is None or over > out["auto_worst"][0]:
+                out["auto_worst"] = (over, shape, a["nsplit"], best["nsplit"])
+    return out
+
+
+def verdict_lines(results: dict) -> list[str]:
+    """verdicts() in words, for a run's summary."""
+    v = verdicts(results)
+    if not v["shapes"]:
+        return []
+
+    def sh(s):
+        return f"{s[0]} x {s[1]}, q_len {s[2]}, H {s[3]}"
+    lines = [f"kdkit fastest on {v['shapes'] - len({s for s, *_ in v['slower']})} of {v['shapes']} shapes (eager)"]
+    lines += [f"  slower than {b} at {sh(s)}: {kd:.2f} us against {us:.2f}" for s, b, us, kd in v["slower"]]
+    lines += [f"  least speed-up over {BACKENDS.get(b, b)}: {ratio:.2f}x ({sh(s)})" for b, (ratio, s) in sorted(v["least"].items())]
+    if v["fixed"]:
+        over, s, auto_n, best_n = v["auto_worst"]
+        lines.append(f"automatic split count within {AUTO_WITHIN:.2f}x of the best fixed on {v['auto_within']} of "
+                     f"{v['fixed']} shapes; at least as fast as every fixed one on {v['auto_beat_all']}; worst "
+                     f"{over:.3f}x ({sh(s)}: auto {auto_n}, best {best_n})")
+    frac, s = v["roofline_max"]
+    lines.append(f"roofline fraction at most {100 * frac:.1f}% ({sh(s)})")
+    return lines
+
+
 def nsplit_sweep(shape_set: str = "nsplit", **override) -> dict:
     """The sweep's defaults from kdkit/shapes.json: {"prefixes", "bs", "q_len", "heads"}; an
     override (prefixes, bs, q_len, heads) that is not None replaces its default (nsplit.ipynb's

@@ -226,6 +226,52 @@ def test_readme_performance_table_is_the_committed_run():
         assert g == w
 
 
+GRID_SLICES = [Path(bench.RESULTS) / f"nvidia-h200-20261202T{t}.json" for t in ("123935", "124041", "124308")]
+
+
+@pytest.mark.skipif(not all(p.exists() for p in GRID_SLICES), reason="the README's grid is not committed")
+def test_readme_grid_verdicts_are_the_committed_slices():
+    """The README's grid paragraph names the three slices it quotes, and its verdicts are
+    bench_results.verdicts of their combination: kdkit the fastest on every shape, the least
+    speed-ups over Triton extend and torch, the automatic split count within 10% everywhere, how
+    often it beat every fixed count and its worst ratio to the best."""
+    text = README.read_text()
+    para = text.split("The whole grid on main's kernel", 1)[1].split("\n\n- The grids before", 1)[0]
+    flat = " ".join(para.split())
+    for p in GRID_SLICES:
+        assert p.name[len("nvidia-h200-20261202"):] in flat, p.name
+    v = bench_results.verdicts(bench_results.combine(GRID_SLICES))
+    assert v["slower"] == []
+    assert f"kdkit is the fastest on all {v['shapes']} shapes" in flat
+    assert f"Triton extend (by {v['least']['triton_sglang'][0]:.2f}x at the least" in flat
+    assert f"torch eager ({v['least']['torch'][0]:.2f}x at the least" in flat
+    assert v["auto_within"] == v["fixed"]
+    assert f"within 10% of the best fixed one on all {v['fixed']} shapes" in flat
+    assert f"on {v['auto_beat_all']} it beat every fixed" in flat
+    assert f"at most {v['auto_worst'][0]:.3f}x off the best" in flat
+
+
+def test_verdicts_find_a_faster_backend_and_the_worst_automatic_choice():
+    """A made-up run: at one shape Triton extend beats kdkit's automatic choice, at the other a
+    fixed split count beats it by 1.2x: both are reported, graph rows are left out."""
+    def row(backend, prefix, us, **kw):
+        return {"backend": backend, "bs": 1, "prefix": prefix, "q_len": 9, "heads": 8, "us": us,
+                "roofline_frac": 0.1 / us, "graph": False, "nsplit_auto": False, "nsplit": None, **kw}
+    rows = [row("cuda", 21, 8.0, nsplit_auto=True, nsplit=1), row("triton_sglang", 21, 7.0),
+            row("cuda", 21, 1.0, graph=True, nsplit_auto=True, nsplit=1),  # graph: not an eager verdict
+            row("cuda", 8192, 24.0, nsplit_auto=True, nsplit=64), row("cuda", 8192, 20.0, nsplit=32),
+            row("triton_sglang", 8192, 240.0)]
+    v = bench_results.verdicts({"rows": rows})
+    assert v["shapes"] == 2 and v["fixed"] == 1
+    assert v["slower"] == [((1, 21, 9, 8), "triton_sglang", 7.0, 8.0)]
+    assert v["least"]["triton_sglang"] == (7.0 / 8.0, (1, 21, 9, 8))
+    assert v["auto_worst"] == (24.0 / 20.0, (1, 8192, 9, 8), 64, 32)
+    assert v["auto_within"] == 0 and v["auto_beat_all"] == 0
+    lines = bench_results.verdict_lines({"rows": rows})
+    assert lines[0] == "kdkit fastest on 1 of 2 shapes (eager)"
+    assert "worst 1.200x" in lines[-2]
+
+
 def test_readme_table_rounds_once_and_marks_the_automatic_choice():
     """A made-up run: figures to three significant digits (whole from 100 up), "us" on the first
     row only, "(auto N)" where auto beat every fixed split, "(N; auto M)" where one fixed beat it."""
