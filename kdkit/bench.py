@@ -38,6 +38,7 @@ import torch
 
 from . import clocks as _clocks
 from . import shapes as _shapes
+from .bench_results import verdict_lines
 from .constants import QK_DIM as D, V_HEAD_DIM as DV
 
 BACKENDS = ("cuda", "triton_sglang", "triton_decode", "torch")
@@ -410,7 +411,6 @@ def summary(res: dict) -> str:
                             "triton ext", "triton dec", "torch"], tablefmt="simple", disable_numparse=True,
                     stralign="right")
     skipped = [f"skipped {k}: {v}" for k, v in res.get("skipped", {}).items()]
-    from .bench_results import verdict_lines
     return "\n".join([head, body, *skipped, *verdict_lines(res)])
 
 
