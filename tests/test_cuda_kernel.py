@@ -86,7 +86,7 @@ def test_mutants_fail(mutant, layout):
     assert not v.passed, f"mutant {mutant} passed the check: the checker is broken"
 
 
-@pytest.mark.parametrize("knockout", ["loop", "loads", "qk", "softmax", "pv"])
+@pytest.mark.parametrize("knockout", ["loop", "loads", "qk", "softmax", "pv", "mma-only", "no-mma"])
 def test_knockouts_fail_the_check(knockout):
     """A knockout (kdkit/kernel/knockouts.py: a timing-only build with one part of the KV step
     switched off) fails the check the kernel passes, so its build is never taken for the kernel's;

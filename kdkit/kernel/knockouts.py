@@ -18,6 +18,10 @@ KNOCKOUTS = {
     "qk": (5, "no QK: no ldmatrix or MMA (zero scores stored)"),
     "softmax": (6, "no softmax work: P a constant, no max or sum moves"),
     "pv": (7, "no PV: no ldmatrix or MMA"),
+    # the two below together split a step into its MMA chain and the rest: the larger of the two
+    # bounds what any overlap of the parts (inside this design) can reach
+    "mma-only": (8, "no loads and no softmax work: the step's MMAs, their ldmatrix, score stores and barriers"),
+    "no-mma": (9, "no QK and no PV: the step's loads, softmax and barriers"),
 }
 
 

@@ -13,3 +13,10 @@
 #define KD_KO_QK 5         // no QK ldmatrix or MMA
 #define KD_KO_SOFTMAX 6    // no softmax work
 #define KD_KO_PV 7         // no PV ldmatrix or MMA
+#define KD_KO_MMA_ONLY 8   // no loads and no softmax work: the step's MMAs, their ldmatrix and barriers
+#define KD_KO_NO_MMA 9     // no QK and no PV: the step's loads, softmax and barriers
+// what each knockout switches off (the two combined ones bound what overlapping the parts can win)
+#define KD_KO_NO_LOADS (KD_KO == KD_KO_LOADS || KD_KO == KD_KO_MMA_ONLY)
+#define KD_KO_NO_SOFTMAX (KD_KO == KD_KO_SOFTMAX || KD_KO == KD_KO_MMA_ONLY)
+#define KD_KO_NO_QK (KD_KO == KD_KO_QK || KD_KO == KD_KO_NO_MMA)
+#define KD_KO_NO_PV (KD_KO == KD_KO_PV || KD_KO == KD_KO_NO_MMA)

@@ -619,9 +619,9 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     // (at 16 warps, 128 registers, single-buffered: the other warps hide the load instead)
     constexpr int kABufs = KD_NH == 2 ? 1 : 2;
     kd_u32 a[2][4];
-    if (KD_KO != KD_KO_QK) kd::ldsm_x4(a_lane, a[0]);
+    if (!KD_KO_NO_QK) kd::ldsm_x4(a_lane, a[0]);
 #pragma unroll
-    for (int ks = 0; ks < KD_KSTEPS && KD_KO != KD_KO_QK; ++ks) {
+    for (int ks = 0; ks < KD_KSTEPS && !KD_KO_NO_QK; ++ks) {
       if (kABufs == 1 && ks > 0) kd::ldsm_x4(a_lane + ks * 128, a[0]);
       if (kABufs == 2 && ks + 1 < KD_KSTEPS) kd::ldsm_x4(a_lane + (ks + 1) * 128, a[(ks + 1) & 1]);
       if (KD_MUT_QK_DIMS(KD_D) < KD_D && (dg + KD_KG * ks) * 16 >= KD_MUT_QK_DIMS(KD_D)) continue;
@@ -679,7 +679,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   auto softmax_phase = [&](kd_u32 vis) -> bool {
     // every column's score first (their shared-memory loads in flight together), then one vote:
     // does any column's max move this step? Only then the per-column votes and reductions
-    if (KD_KO == KD_KO_SOFTMAX) {
+    if (KD_KO_NO_SOFTMAX) {
 #pragma unroll
       for (int j = 0; j < KD_NTH; ++j)
         if (has_col(j)) sP[col_of(j) * KD_PPITCH + lane] = __float2bfloat16(0.01f);
@@ -754,7 +754,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     kd_u32 pb[KD_NT][4];
 #pragma unroll
     for (int nt = 0; nt < KD_NT; ++nt)
-      if (!kPbPerStep && KD_KO != KD_KO_PV) kd::ldsm_x4(s_p + ((nt * 8 + (lane & 7)) * KD_PPITCH + (lane >> 3) * 8) * 2, pb[nt]);
+      if (!kPbPerStep && !KD_KO_NO_PV) kd::ldsm_x4(s_p + ((nt * 8 + (lane & 7)) * KD_PPITCH + (lane >> 3) * 8) * 2, pb[nt]);
     // V^T: lane row (lane & 7) + 8 (lane >> 4) of each 16-row k-step, chunk
     // V_DIM0/8 + KD_VCH warp + 2 mt + hi, swizzled in its low 3 bits by the row's (lane & 7)
     const int vr0 = (lane & 7) + (lane >> 4) * 8, vhi = (lane >> 3) & 1;
@@ -776,7 +776,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
       v_lane[mt] = s_tile + vr0 * KD_ROW_BYTES + (((vc & ~7) | ((vc ^ KD_MUT_SWZ_READ(vr0)) & 7)) << 4);
     }
 #pragma unroll
-    for (int ks = 0; ks < 2 && KD_KO != KD_KO_PV; ++ks) {
+    for (int ks = 0; ks < 2 && !KD_KO_NO_PV; ++ks) {
       if (kPbPerStep) {
 #pragma unroll
         for (int nt = 0; nt < KD_NT; ++nt) {
@@ -813,7 +813,7 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     // to measure where the step is short against memory latency). 16 warps (128
     // registers) keep the copy before the wait and a barrier after PV: the other order spills there.
     auto issue_next = [&]() {
-      if (KD_KO == KD_KO_LOADS) { kd::cp_async_commit(); return; }
+      if (KD_KO_NO_LOADS) { kd::cp_async_commit(); return; }
       copy_step(stage ^ 1, row_src(KD_GATHER ? pos_of(it + 1, ld_row) : next + ld_row, idx1));
       idx1 = idx2;                                           // step it + 2
       idx2 = fetch_index(pos_of(it + 3, ld_row));            // step it + 3
