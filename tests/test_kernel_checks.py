@@ -95,3 +95,49 @@ def test_the_planner_takes_a_batch_without_query_tokens_and_16_warp_gathers():
     # 16 warps hold an n-tile per half: the gather's block-size search starts at 2 n-tiles
     nt, ns, skip = schedule.choose_launch(1, 16, 2, 64, 132, 16, True, nt=2, nh=2, skip="gather", nt_fixed=False)
     assert nt >= 2 and skip == "gather"
+
+
+# ---- found by a review (2026-12-02) --------------------------------------------------------------
+def test_a_max_kv_len_below_the_batch_is_refused_and_one_above_is_used():
+    """plan(max_kv_len=...) chooses the split count for the longest KV the plan will run (a graph
+    captured for it), with check=True too (it was read only with check=False); below the batch's
+    own longest it is refused by name."""
+    from kdkit.kernel.checks import bound_kv_len
+    sizes = read_sizes(_metadata(synth.make_case(bs=2, prefix=[100, 700], q_len=9, seed=2)))
+    assert sizes["max_kv_len"] == 709
+    assert bound_kv_len(sizes, None) == sizes and bound_kv_len(sizes, 709) == sizes
+    assert bound_kv_len(sizes, 131072) == {**sizes, "max_kv_len": 131072}
+    with pytest.raises(InputError, match=r"field 'max_kv_len': 708 is below the longest request now \(709 KV rows"):
+        bound_kv_len(sizes, 708)
+
+
+def test_a_misaligned_view_is_refused_with_a_fix_that_works():
+    """A contiguous view at an odd element offset has the right strides; .contiguous() returns it
+    unchanged, so the message names the address and says .clone() (CPU tensors: the device is
+    checked last)."""
+    import torch
+
+    from kdkit.kernel.checks import _rows16
+    t = torch.empty(10 * 576 + 1, dtype=torch.bfloat16)[1:].view(10, 576)
+    assert t.is_contiguous() and t.contiguous().data_ptr() == t.data_ptr() and t.data_ptr() % 16 == 2
+    with pytest.raises(InputError, match=r"field 'q': starts at address 0x[0-9a-f]+, not 16-byte aligned .*\.clone\(\)"):
+        _rows16(t, "q")
+    with pytest.raises(InputError, match=r"field 'q': strides \(1152, 2\)"):
+        _rows16(torch.empty(10, 1152, dtype=torch.bfloat16)[:, ::2], "q")
+    with pytest.raises(InputError, match="field 'q': not on a CUDA device"):
+        _rows16(torch.empty(10, 576, dtype=torch.bfloat16), "q")
+
+
+def test_a_gpu_older_than_sm_80_is_named_before_any_build(monkeypatch):
+    """On a T4 (sm_75) unavailable() said the kernel could run, and every plan() then failed with a
+    page of ptxas errors (cp.async needs sm_80): it now says so in one line."""
+    import torch
+
+    from kdkit.kernel import unavailable
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (7, 5))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Tesla T4")
+    why = unavailable()
+    assert why is not None and why.startswith("Tesla T4 is sm_75; the kernel needs sm_80 or newer"), why
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (12, 0))
+    assert unavailable() is None or "sm_" not in unavailable()  # sm_120 passes the arch test

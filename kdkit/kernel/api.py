@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from . import jit, params, schedule, spec
-from .checks import InputError, check_metadata, check_tensors, read_sizes, require
+from .checks import InputError, bound_kv_len, check_metadata, check_tensors, read_sizes, require
 
 
 def unavailable() -> str | None:
@@ -29,6 +29,10 @@ def unavailable() -> str | None:
         return ("no CUDA GPU visible to torch (check CUDA_VISIBLE_DEVICES and the driver); "
                 "`kdkit compile --arch sm_120` checks the build without one")
     from importlib.util import find_spec  # look, do not import
+    major, minor = torch.cuda.get_device_capability()
+    if major * 10 + minor < spec.MIN_ARCH:
+        return (f"{torch.cuda.get_device_name()} is sm_{major}{minor}; the kernel needs sm_{spec.MIN_ARCH} or newer "
+                "(cp.async, ldmatrix, bf16 mma.sync); `kdkit compile --arch sm_120` checks the build without one")
     if find_spec("cupy") is None:
         return "CuPy is not installed: `pip install cupy-cuda13x` (kdkit's 'gpu' extra)"
     if find_spec("cuda") is None or find_spec("cuda.bindings") is None:
@@ -119,6 +123,7 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
     else:
         sizes = {"bs": qo_indptr.numel() - 1, "num_tokens": int(num_tokens), "max_q_len": int(max_q_len),
                  "max_kv_len": int(max_kv_len), "pool_rows_needed": 0}
+    sizes = bound_kv_len(sizes, max_kv_len)
     T, H = sizes["num_tokens"], m.num_heads
     if num_tokens is not None:
         require(int(num_tokens) == T, "num_tokens", f"{num_tokens}, but qo_indptr ends at {T}")
@@ -230,6 +235,9 @@ def run(p: Plan, q, k, v, kv_buffer, out=None, lse=None):
     """Launch on one layer's tensors (graph-capturable). Returns (out, lse): the given buffers,
     or the plan's own (overwritten by the next run)."""
     check_tensors(p, q, k, v, kv_buffer, out, lse)
+    require(p.device.index is None or p.device.index == torch.cuda.current_device(), "q",
+            f"the plan is for {p.device} but the current device is cuda:{torch.cuda.current_device()} (the launch "
+            f"goes to its stream); run under `with torch.cuda.device({p.device.index}):`")
     out = p.out if out is None else out
     lse = p.lse if lse is None else lse
     a = layer_args(p._args, q, k, v, kv_buffer, out, lse)

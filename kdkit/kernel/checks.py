@@ -119,11 +119,27 @@ def read_sizes(m, values: bool = True) -> dict:
             "max_kv_len": int(kv_lens.max()), "pool_rows_needed": pool_rows}
 
 
+def bound_kv_len(sizes: dict, max_kv_len: int | None) -> dict:
+    """The sizes the plan chooses its split count from: the caller's max_kv_len where given (the
+    longest KV a plan captured in a graph will run), refused below the batch's own longest."""
+    if max_kv_len is None:
+        return sizes
+    require(int(max_kv_len) >= sizes["max_kv_len"], "max_kv_len",
+            f"{max_kv_len} is below the longest request now ({sizes['max_kv_len']} KV rows: prefix + q_len); "
+            "pass the longest KV the plan will run, or None for the batch's own")
+    return {**sizes, "max_kv_len": int(max_kv_len)}
+
+
 def _rows16(t, name):
     require(t.dtype == torch.bfloat16, name, f"dtype {t.dtype}; the kernel is bf16 (cast before the call)")
+    require(t.stride(-1) == 1 and all(s % 8 == 0 for s in t.stride()[:-1]), name,
+            f"strides {t.stride()}: each row's 16-byte chunks are copied whole, so the last dim must be "
+            "contiguous and every other stride a multiple of 8 elements (.contiguous())")
+    # (a contiguous view at an odd offset passes the strides; .contiguous() returns it unchanged)
+    require(t.data_ptr() % 16 == 0, name, f"starts at address {t.data_ptr():#x}, not 16-byte aligned (a view at "
+            f"element offset {t.storage_offset()}): pass a fresh allocation (.clone()) or a view at a multiple "
+            "of 8 elements")
     require(t.is_cuda, name, "not on a CUDA device")
-    require(t.stride(-1) == 1 and all(s % 8 == 0 for s in t.stride()[:-1]) and t.data_ptr() % 16 == 0,
-            name, f"strides {t.stride()}: rows must be contiguous and 16-byte aligned (.contiguous())")
 
 
 def check_tensors(plan, q, k, v, kv_buffer, out, lse) -> None:
