@@ -389,7 +389,7 @@ def summary(res: dict) -> str:
     from tabulate import tabulate
     by = {}
     for r in res["rows"]:
-        by.setdefault((r["bs"], r["prefix"], r["q_len"], r["heads"]), []).append(r)
+        by.setdefault((r["bs"], r["prefix"], r["q_len"], r.get("heads")), []).append(r)
 
     def us(rows):
         return f"{rows[0]['us']:.1f}" if rows else "-"
@@ -431,9 +431,9 @@ def readme_table(res: dict) -> str:
     one, else "(N; auto M)"), and the three other backends; the first row's times carry "us"."""
     by: dict = {}
     for r in res["rows"]:
-        by.setdefault((r["bs"], r["prefix"], r["q_len"]), []).append(r)
+        by.setdefault((r["bs"], r["prefix"], r["q_len"], r.get("heads")), []).append(r)
     lines = [README_HEAD]
-    for i, ((bs, prefix, q_len), rs) in enumerate(by.items()):
+    for i, ((bs, prefix, q_len, _), rs) in enumerate(by.items()):
         u = " us" if i == 0 else ""
         cuda = [r for r in rs if r["backend"] == "cuda"]
         auto = next(r for r in cuda if r["nsplit_auto"] and not r["graph"])
@@ -476,6 +476,7 @@ class RunFile:
         return self.path
 
     def partial(self, res: dict) -> None:
+        self.last = res  # measured, written or not: a run stopped later keeps it
         try:
             self.write(res)
         except OSError:  # the measuring goes on; the final write says where the run went

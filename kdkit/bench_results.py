@@ -75,13 +75,22 @@ def load(path: str | os.PathLike) -> dict:
 ROW_KEY = ("backend", "bs", "prefix", "q_len", "heads", "nsplit", "graph")  # one measurement of a run
 
 
+def _measured(r: dict) -> tuple:
+    """(backend, shape label as `kdkit bench` writes it) of a row."""
+    return r["backend"], f"{r['bs']}x{r['prefix']} q{r['q_len']} H{r['heads']}"
+
+
 def combine(paths) -> dict:
     """Results files of one GPU measured in slices (`kdkit bench --shapes ...`, one GPU command
     each: a command may run at most 10 minutes, the full grid does not fit one) as one results dict.
 
     Refused (ResultsError) when the files name different GPUs. Rows are concatenated in slice
-    order (oldest "date" first); a row measured twice (same backend, bs, prefix, q_len, heads,
-    nsplit, graph) keeps the later slice's copy. Every row keeps its floor_us and roofline_frac as
+    order (oldest "date" first). A shape that a later slice measured again for a backend keeps only
+    the later slice's rows of that backend: every one of the earlier slice's goes, not only those
+    with the same split count (the automatic choice may have moved between the two, and two
+    automatic rows of one shape would leave the verdicts reading the older); the earlier slices'
+    skip notes of that backend and shape go with them. The set is complete only when every slice
+    is, and "stopped" lists the slices cut short. Every row keeps its floor_us and roofline_frac as
     measured in its own slice (against that slice's copy bandwidth and mma rate); the header's
     "slices" lists each slice's file, date, copy_gbps, mma_tflops and row count, and the header's
     own date, copy_gbps, mma_tflops, driver and versions are the newest slice's."""
@@ -92,18 +101,21 @@ def combine(paths) -> dict:
     if len(gpus) > 1:
         raise ResultsError(f"combine: the files measure different GPUs ({', '.join(gpus)}): "
                            + ", ".join(f"{p.name}: {d['gpu']}" for d, p in loaded))
-    rows: dict[tuple, dict] = {}
+    rows: list[dict] = []
     skipped: dict = {}
     for d, _ in loaded:
-        for r in d["rows"]:
-            key = tuple(r.get(k) for k in ROW_KEY)
-            rows.pop(key, None)  # the later slice's measurement, in the later slice's place
-            rows[key] = r
+        again = {_measured(r) for r in d["rows"]}  # (backend, shape label) this slice measured
+        rows = [r for r in rows if _measured(r) not in again] + list(d["rows"])
+        skipped = {k: v for k, v in skipped.items() if not any(k.startswith(f"{b} {lab}") for b, lab in again)}
         skipped.update(d.get("skipped", {}))
-    out = {k: v for k, v in loaded[-1][0].items() if k not in ("rows", "skipped")}
+    out = {k: v for k, v in loaded[-1][0].items() if k not in ("rows", "skipped", "complete", "stopped")}
+    out["complete"] = all(d.get("complete", True) for d, _ in loaded)
+    stopped = [f"{p.name}: {d['stopped']}" for d, p in loaded if d.get("stopped")]
+    if stopped:
+        out["stopped"] = "; ".join(stopped)
     out["slices"] = [{"file": p.name, "date": d["date"], "copy_gbps": d.get("copy_gbps"),
                       "mma_tflops": d.get("mma_tflops"), "rows": len(d["rows"])} for d, p in loaded]
-    out["rows"] = list(rows.values())
+    out["rows"] = rows
     out["skipped"] = skipped
     return check(out, "combine(" + ", ".join(p.name for _, p in loaded) + ")")
 

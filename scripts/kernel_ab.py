@@ -12,8 +12,10 @@ Each variant runs in its own process, importing its own kdkit (so its own kernel
 JIT cache key), in rounds whose order alternates (a, b, b, a, ...): drift between rounds shows as
 the spread of a variant's times. Graph replay, a 256 MiB L2 flush before each call, the median
 (kdkit.bench.Timer, as `kdkit bench` times), at the plan's own choice of block size and splits.
-Rows go to DIR/times.jsonl (appended); the table at the end gives each variant's fastest and
-slowest time per shape and its ratio to the first variant's (`table DIR` prints it again).
+Rows go to DIR/times.jsonl (appended, each naming its variant's commit); the table at the end
+gives each variant's fastest and slowest time per shape and its ratio to the first variant's
+(`table DIR` prints it again), from the rows of the commit each variant name has now. The cases
+are the grid's (`kdkit bench`'s tree and seed for each shape).
 
 A variant may fix plan options after a colon (`skip`, `nt`, `nh`, `nsplit`, `fused`, `knockout`;
 values true, false, none, an integer or a word): `plain=main:skip=false step=main:skip=true` times
@@ -96,20 +98,29 @@ def export(out: Path, specs: list[str], repo: Path = ROOT) -> dict:
 
 
 def shapes(text: str | None) -> list[tuple[int, int, int, int]]:
+    """(bs, prefix, q_len, heads) of the shapes to time."""
+    return [s[:4] for s in _grid_shapes(text)]
+
+
+def _grid_shapes(text: str | None) -> list[tuple]:
+    """The shapes to time as `kdkit bench` makes their cases: (bs, prefix, q_len, heads, tree, seed)
+    of the grid's entry (the tree and seed decide the mask, and so what the skip builds skip)."""
     sys.path.insert(0, str(ROOT))
     from kdkit import bench
+    grid = bench.grid()
     if text:
         texts = [t.strip() for t in text.split(",") if t.strip()]
-        picked = [s for s in bench.grid() if any(t in s.label for t in texts)]
+        picked = [s for s in grid if any(t in s.label for t in texts)]
         if not picked:
-            raise SystemExit(f"error: --shapes {text!r} matches no shape; labels look like {bench.grid()[0].label}")
+            raise SystemExit(f"error: --shapes {text!r} matches no shape; labels look like {grid[0].label}")
     else:
         picked = bench.grid(quick=True)
-    out = [(s.bs, s.prefix, s.q_len, s.heads) for s in picked]
-    return out if text else out + [d for d in DEEP if d not in out]
+        picked += [s for s in grid if (s.bs, s.prefix, s.q_len, s.heads) in DEEP and s not in picked]
+    return [(s.bs, s.prefix, s.q_len, s.heads, s.tree, s.seed) for s in picked]
 
 
-def child(vdir: str, name: str, shapes_json: str, out: str, budget_s: float, rnd: int, opts: dict) -> None:
+def child(vdir: str, name: str, shapes_json: str, out: str, budget_s: float, rnd: int, opts: dict,
+          commit: str = "") -> None:
     """In a fresh process: import the variant's kdkit, time each shape at the variant's plan
     options, append rows; a shape the options do not fit is reported and left out."""
     sys.path.insert(0, vdir)
@@ -121,8 +132,12 @@ def child(vdir: str, name: str, shapes_json: str, out: str, budget_s: float, rnd
     assert Path(kdkit.__file__).resolve().is_relative_to(Path(vdir).resolve()), kdkit.__file__
     timer = Timer(torch.device("cuda"))
     with open(out, "a") as f:
-        for bs, prefix, q_len, heads in json.loads(shapes_json):
-            case = make_case(Shape(bs, prefix, q_len, heads))
+        for bs, prefix, q_len, heads, *how in json.loads(shapes_json):
+            try:
+                shape = Shape(bs, prefix, q_len, heads, *how)  # the grid's tree and seed
+            except TypeError:  # a variant's kdkit from before Shape took them
+                shape = Shape(bs, prefix, q_len, heads)
+            case = make_case(shape)
             x = cuda.to_device(case)
             try:
                 p = cuda.plan_case(case, x, **opts)
@@ -131,7 +146,7 @@ def child(vdir: str, name: str, shapes_json: str, out: str, budget_s: float, rnd
                 print(f"{name} {bs}x{prefix} q{q_len} H{heads}: left out: {e}", file=sys.stderr, flush=True)
                 continue
             replay = graph_of(lambda: kernel.run(p, x["q"], x["k"], x["v"], x["kv_buffer"]))
-            row = {"variant": name, "round": rnd, "bs": bs, "prefix": prefix, "q_len": q_len, "heads": heads,
+            row = {"variant": name, "commit": commit, "round": rnd, "bs": bs, "prefix": prefix, "q_len": q_len, "heads": heads,
                    "nsplit": p.nsplit, "rows_per_cta": p.rows_per_cta, "module": p.key,
                    "fused": bool(getattr(p, "fused", False)),
                    "us": round(timer.us(replay, budget_s=budget_s), 2)}
@@ -143,13 +158,13 @@ def child(vdir: str, name: str, shapes_json: str, out: str, budget_s: float, rnd
 def time_all(d: Path, text: str | None, rounds: int, budget_s: float) -> int:
     refs = json.loads((d / "refs.json").read_text())
     names = list(refs)
-    todo = json.dumps(shapes(text))
+    todo = json.dumps(_grid_shapes(text))
     bad = 0
     for rnd in range(rounds):
         for name in names if rnd % 2 == 0 else names[::-1]:
             r = subprocess.run([sys.executable, __file__, "_child", str(d / name), name, todo,
                                 str(d / "times.jsonl"), str(budget_s), str(rnd),
-                                json.dumps(refs[name].get("opts", {}))])
+                                json.dumps(refs[name].get("opts", {})), refs[name]["commit"]])
             print(f"round {rnd} {name}: exit {r.returncode}", file=sys.stderr, flush=True)
             bad += r.returncode != 0
     print(table(d))
@@ -163,6 +178,9 @@ def table(d: Path) -> str:
     if not rows:
         return f"{path}: no rows (every variant failed before its first shape: see its exit status above)"
     names = list(refs)  # the first exported is the baseline of every ratio, measured or not
+    # rows of a variant exported again under the same name from another commit are not this one's
+    # (rows from before rows named their commit are kept)
+    rows = [r for r in rows if r["variant"] in refs and r.get("commit", "") in ("", refs[r["variant"]]["commit"])]
     by: dict = {}
     for r in rows:
         by.setdefault((r["bs"], r["prefix"], r["q_len"], r["heads"]), {}).setdefault(r["variant"], []).append(r["us"])
@@ -188,8 +206,8 @@ def table(d: Path) -> str:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["_child"]:
-        vdir, name, todo, out, budget, rnd, opts = argv[1:]
-        child(vdir, name, todo, out, float(budget), int(rnd), json.loads(opts))
+        vdir, name, todo, out, budget, rnd, opts, commit = argv[1:]
+        child(vdir, name, todo, out, float(budget), int(rnd), json.loads(opts), commit)
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)

@@ -201,9 +201,51 @@ def test_combine_refuses_other_gpus_and_keeps_the_later_duplicate(tmp_path):
     again = dict(b, rows=[dict(a["rows"][0], us=1.0)] + b["rows"])  # a row of slice a measured again in b
     pb.write_text(json.dumps(again))
     both = bench_results.combine([pa, pb])
-    assert len(both["rows"]) == len(a["rows"]) + len(b["rows"])
-    mine = [r for r in both["rows"] if all(r[k] == a["rows"][0][k] for k in bench_results.ROW_KEY)]
-    assert [r["us"] for r in mine] == [1.0]  # the later slice's measurement
+    same = bench_results._measured(a["rows"][0])  # its backend and shape: all of a's rows of it go
+    gone = [r for r in a["rows"] if bench_results._measured(r) == same]
+    assert len(both["rows"]) == len(a["rows"]) - len(gone) + len(b["rows"]) + 1
+    mine = [r for r in both["rows"] if bench_results._measured(r) == same]
+    assert [r["us"] for r in mine] == [1.0]  # the later slice's measurement alone
+
+
+def test_a_shape_measured_again_keeps_only_the_later_automatic_choice(tmp_path):
+    """A later slice measures a shape again and the automatic split count has moved (11 -> 12): the
+    earlier slice's automatic and graph rows go with the rest of its rows of that shape, so the
+    verdicts read the later choice; its skip notes of that shape go too; a slice cut short leaves
+    the set incomplete."""
+    def row(us, nsplit, auto, graph=False, backend="cuda"):
+        return {"backend": backend, "bs": 1, "prefix": 1024, "q_len": 9, "heads": 8, "nsplit": nsplit,
+                "nsplit_auto": auto, "graph": graph, "us": us, "gbps": 1.0, "floor_us": 0.3,
+                "roofline_frac": 0.3 / us, "speedup_vs_triton": None}
+    head = {"gpu": "NVIDIA H200", "sms": 132, "copy_gbps": 4287.0, "mma_tflops": 642.6, "driver": "580",
+            "versions": {}}
+    old = dict(head, date="2026-12-02T10:00:00+00:00", complete=True,
+               rows=[row(9.0, 11, True), row(8.0, 11, True, graph=True), row(9.5, 16, False),
+                     row(20.0, None, False, backend="triton_sglang")],
+               skipped={"cuda 1x1024 q9 H8 nsplit 256": "too many splits"})
+    new = dict(head, date="2026-12-02T11:00:00+00:00", complete=False, stopped="CUDA error",
+               rows=[row(6.0, 12, True), row(5.5, 12, True, graph=True), row(6.5, 16, False)], skipped={})
+    po, pn = tmp_path / "old.json", tmp_path / "new.json"
+    po.write_text(json.dumps(old))
+    pn.write_text(json.dumps(new))
+    both = bench_results.combine([po, pn])
+    cuda = [(r["nsplit"], r["nsplit_auto"], r["graph"], r["us"]) for r in both["rows"] if r["backend"] == "cuda"]
+    assert cuda == [(12, True, False, 6.0), (12, True, True, 5.5), (16, False, False, 6.5)]
+    assert [r["us"] for r in both["rows"] if r["backend"] == "triton_sglang"] == [20.0]  # not measured again
+    assert both["skipped"] == {} and both["complete"] is False and both["stopped"] == "new.json: CUDA error"
+    v = bench_results.verdicts(both)
+    assert v["slower"] == [] and v["auto_beat_all"] == 1
+
+
+def test_a_run_whose_every_write_failed_still_keeps_its_rows(tmp_path):
+    """RunFile.partial kept nothing when the write failed, so a run stopped later by an error said
+    "stopped before the first shape was measured" and lost what it had measured."""
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    run = bench.RunFile(blocked)
+    res = {"gpu": "NVIDIA H200", "date": "2026-12-02T10:00:00+00:00", "rows": [{"backend": "cuda"}], "complete": False}
+    run.partial(res)
+    assert run.last is res and run.path is None
 
 
 README = Path(bench.RESULTS).parents[1] / "README.md"

@@ -76,6 +76,10 @@ def test_shapes_are_the_quick_set_and_the_deep_trees():
     assert ab.shapes("1x21 q9 H8, 32x131072 q9 H16") == [(1, 21, 9, 8), (32, 131072, 9, 16)]
     with pytest.raises(SystemExit, match="matches no shape"):
         ab.shapes("7x7")
+    # the cases are kdkit bench's: the grid's tree and seed ride along to the timing process
+    grid = {(s.bs, s.prefix, s.q_len, s.heads): (s.tree, s.seed) for s in bench.grid()}
+    full = ab._grid_shapes(None)
+    assert [f[:4] for f in full] == got and all(tuple(f[4:]) == grid[f[:4]] for f in full)
 
 
 def test_table_gives_each_variants_range_and_ratio(tmp_path):
@@ -86,6 +90,11 @@ def test_table_gives_each_variants_range_and_ratio(tmp_path):
     (tmp_path / "times.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     lines = ab.table(tmp_path).splitlines()
     assert lines[0] == "shape | main (aaaaaaa) | new (bbbbbbb)"
+    # rows of "new" from another commit (exported again under the same name) are left out
+    with open(tmp_path / "times.jsonl", "a") as f:
+        f.write(json.dumps(dict(variant="new", commit="c" * 40, bs=1, prefix=21, q_len=9, heads=8, us=1.0)) + "\n")
+        f.write(json.dumps(dict(variant="new", commit="b" * 40, bs=1, prefix=21, q_len=9, heads=8, us=6.2)) + "\n")
+    assert ab.table(tmp_path).splitlines() == lines
     assert lines[2] == "1x21 q9 H8 | 8.00-8.40 us | 6.00-6.50 us x0.750"
     # a shape the baseline lacks: no ratio against another variant
     (tmp_path / "times.jsonl").write_text(json.dumps(dict(variant="new", bs=1, prefix=21, q_len=9, heads=8, us=6.0)))
