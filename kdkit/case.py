@@ -150,7 +150,7 @@ class Case:
         return {
             "format": FORMAT,
             "schema_version": SCHEMA_VERSION,
-            "meta": {k: _plain(self.meta.get(k)) for k in sorted(set(META_KEYS) | set(self.meta))},
+            "meta": {k: _plain(self.meta.get(k), f"meta.{k}") for k in sorted(set(META_KEYS) | set(_str_keys(self.meta)))},
             "params": {
                 "num_heads": int(self.num_heads),
                 "kv_lora_rank": int(self.kv_lora_rank),
@@ -166,12 +166,19 @@ class Case:
 
     def to_bytes(self, path: str | os.PathLike = "<case>") -> bytes:
         """The case file's bytes (torch.save of the record), checked exactly as load() will check
-        them (`path` names the file in the error)."""
+        them: the record first, then the bytes themselves, read back as load() reads a file (a
+        meta integer of thousands of digits pickles to an opcode the safe loader refuses: such a
+        file would be written and then never load). `path` names the file in the error."""
+        path = Path(path)
         record = self.to_record()
-        from_record(record, Path(path))
+        from_record(record, path)
         buf = io.BytesIO()
         torch.save(record, buf)
-        return buf.getvalue()
+        data = buf.getvalue()
+        from . import ptfile
+        ptfile.scan(path, data=data)
+        from_record(_safe_load(io.BytesIO(data), path), path)
+        return data
 
     def save(self, path: str | os.PathLike, overwrite: bool = False, data: bytes | None = None) -> Path:
         """Write atomically (kdkit.files.publish: temp file, fsync, then the final name); never
@@ -186,14 +193,32 @@ class Case:
         return publish(path, self.to_bytes(path) if data is None else data, overwrite=overwrite)
 
 
-def _plain(v):
-    """Meta values as plain data only (weights_only loads nothing else)."""
+def _str_keys(meta: dict) -> dict:
+    """meta itself, refused (CaseError) if a key is not a string: the file's meta keys are."""
+    bad = [k for k in meta if not isinstance(k, str)]
+    if bad:
+        raise CaseError("meta", f"key {bad[0]!r} ({type(bad[0]).__name__}): meta keys are strings")
+    return meta
+
+
+def _plain(v, where: str = "meta"):
+    """Meta values as plain data only (weights_only loads nothing else). A nested dict's keys
+    become strings; two that become the same string are refused, not merged."""
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 1 << 63:
+        return str(v)  # (pickled, an integer this long takes an opcode the safe loader refuses)
     if v is None or isinstance(v, (bool, int, float, str)):
         return v
     if isinstance(v, (list, tuple)):
-        return [_plain(x) for x in v]
+        return [_plain(x, f"{where}[{i}]") for i, x in enumerate(v)]
     if isinstance(v, dict):
-        return {str(k): _plain(x) for k, x in v.items()}
+        out, first = {}, {}
+        for k, x in v.items():
+            if str(k) in out:
+                raise CaseError(where, f"keys {first[str(k)]!r} and {k!r} both become {str(k)!r} in the file; "
+                                "rename one")
+            first[str(k)] = k
+            out[str(k)] = _plain(x, f"{where}.{k}")
+        return out
     return str(v)
 
 
@@ -325,9 +350,19 @@ def validate(case: Case, path=None) -> None:
 RECORD_KEYS = ("format", "schema_version", "meta", "params", "tensors")
 
 
-def _check_plain(v, field: str, path, depth: int = 0) -> None:
+# meta items _check_plain visits at most: a forged file can share one list at every level, which
+# is few bytes and fanout^depth visits (40^7 took longer than anyone waits)
+META_ITEMS = 100_000
+
+
+def _check_plain(v, field: str, path, depth: int = 0, seen: list | None = None) -> None:
     """Meta is plain data (as _plain writes it): a tensor or another object there is a forged or
     broken file, refused here before anything tests its truth or formats it."""
+    seen = [0] if seen is None else seen
+    seen[0] += 1
+    if seen[0] > META_ITEMS:
+        raise CaseError(field, f"meta holds more than {META_ITEMS} items (a case's meta is a few dozen); "
+                        "the file is forged or broken", path)
     if v is None or isinstance(v, (bool, int, float, str)):
         return
     if isinstance(v, (list, tuple, dict)) and depth < 8:
@@ -335,7 +370,7 @@ def _check_plain(v, field: str, path, depth: int = 0) -> None:
         for k, x in items:
             if isinstance(v, dict) and not isinstance(k, str):
                 raise CaseError(field, f"a key of type {type(k).__name__}; meta keys are strings", path)
-            _check_plain(x, f"{field}.{k}" if isinstance(v, dict) else f"{field}[{k}]", path, depth + 1)
+            _check_plain(x, f"{field}.{k}" if isinstance(v, dict) else f"{field}[{k}]", path, depth + 1, seen)
         return
     raise CaseError(field, f"a {type(v).__name__} where meta holds plain data (str, number, bool, None, "
                     "lists and dicts of them, 8 levels at most); re-save the case with Case.save", path)
@@ -447,8 +482,20 @@ def load(path: str | os.PathLike, allow_nonfinite: bool = False) -> Case:
                         "re-save it with Case.save. Not loaded, nothing from it ran", path)
     from . import ptfile  # the zip directory and the pickle, checked before torch reads them
     ptfile.scan(path)
+    case = from_record(_safe_load(path, path), path)
+    if allow_nonfinite:
+        kinds = {getattr(case, n).dtype for n in ("q", "k", "v", "kv_buffer")}
+        if len(kinds) > 1:
+            check_values(case, path)  # mixed dtypes are refused either way
+        return case
+    check_values(case, path)
+    return case
+
+
+def _safe_load(source, path) -> Any:
+    """torch.load(weights_only=True) of a scanned file (or its bytes), its failures as CaseError."""
     try:
-        rec = torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(source, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         # weights_only refuses any global it does not know: a pickle that would run code lands here
         raise CaseError("<pickle>", f"refused by the safe loader (weights_only=True); the file holds "
@@ -457,14 +504,6 @@ def load(path: str | os.PathLike, allow_nonfinite: bool = False) -> Case:
         first = (str(e).splitlines() or [""])[0]
         raise CaseError("<file>", f"cannot be read as a torch file (truncated or not a .pt?): "
                         f"{type(e).__name__}: {first}", path) from None
-    case = from_record(rec, path)
-    if allow_nonfinite:
-        kinds = {getattr(case, n).dtype for n in ("q", "k", "v", "kv_buffer")}
-        if len(kinds) > 1:
-            check_values(case, path)  # mixed dtypes are refused either way
-        return case
-    check_values(case, path)
-    return case
 
 
 __all__ = ["Case", "CaseError", "load", "validate", "from_record", "new_meta", "replace",

@@ -77,6 +77,7 @@ class Metrics:
     ulp_head_max: float = 0.0                          # max over heads of the head's mean (all tokens)
     lse_ulp_max: float | None = None                   # max over rows of |dlse| / lse_unit (see `lse_unit`)
     lse_worst: tuple = (0, 0)                          # (token, head) of that row
+    lse_missing: str = ""                              # "", or who gave no LSE: "the backend", "the reference", "both"
 
     def as_dict(self) -> dict:
         return {"max_abs": self.max_abs, "mean_abs": self.mean_abs, "rel": self.rel,
@@ -174,6 +175,9 @@ def metrics(out, ref, lse=None, ref_lse=None, lse_cond=None, out_scale=None) -> 
             raise ValueError(f"ref_lse has shape {lb.shape}, expected {(T, H)}")
         empty = np.isneginf(lb)
         use &= ~empty[..., None]
+        # a NaN or +inf reference LSE is no row that sees nothing: the reference is broken there
+        # (a bf16 backend as the reference), so it is counted, and judged, like a non-finite output
+        ref_nonfinite += int((~np.isfinite(lb) & ~empty).sum())
     bad = use & ~np.isfinite(a)
     nonfinite = int(bad.sum())
     d = np.where(use, np.abs(np.where(np.isfinite(a), a, 0.0) - np.where(use, b, 0.0)), 0.0)
@@ -225,7 +229,9 @@ def metrics(out, ref, lse=None, ref_lse=None, lse_cond=None, out_scale=None) -> 
                    ref_max_abs=float(np.abs(bz).max()) if bz.size else 0.0,
                    ref_scale_max=float(scale[..., 1].max()) if scale is not None and scale.size else 0.0,
                    ref_lse_max_abs=ref_lse_max, ref_nonfinite=ref_nonfinite,
-                   empty_rows=int(empty.sum()), lse_ulp_max=lse_ulp, lse_worst=lse_worst, **ulp)
+                   empty_rows=int(empty.sum()), lse_ulp_max=lse_ulp, lse_worst=lse_worst,
+                   lse_missing={(True, True): "", (False, True): "the backend", (True, False): "the reference",
+                                (False, False): "both"}[(la is not None, lb is not None)], **ulp)
 
 
 # ---- the statistics a bug moves, in bf16 spacings (Metrics.ulp_*) -----------------------------
@@ -303,6 +309,11 @@ def _finite(x) -> bool:
     return x is not None and bool(np.isfinite(x))
 
 
+def _lse_who(m: Metrics) -> str:
+    """Who gave no LSE, in the verdict's words."""
+    return {"the reference": "the reference", "both": "the backend or the reference"}.get(m.lse_missing, "the backend")
+
+
 def judge(backend: str, m: Metrics, ref_out=None, production: Metrics | None = None,
           against: str = "oracle") -> Verdict:
     """Pass/fail of `backend` whose metrics against `against` are `m`; every check must hold.
@@ -336,6 +347,17 @@ def judge(backend: str, m: Metrics, ref_out=None, production: Metrics | None = N
         ref_max, size_txt = m.ref_scale_max, "the largest row size before cancellation"
     oracle_ref = against == "oracle"
     k_prod, k_floor = (2.0, 1.0) if oracle_ref else (3.0, 2.0)
+    # FlashAttention's rule trusts the production path; one that is itself wrong on this case (a
+    # stale pool, a capture of another layer, Triton's column drop on a tree out of order) would
+    # widen every limit by its own error and let a backend's bug through. Its metrics are against
+    # the oracle: held to the floor rule there first, it widens the limits only if it passes.
+    prod_note = ""
+    if production is not None:
+        pv = judge("production", production, ref_out if oracle_ref else None)
+        if not pv.passed:
+            prod_note = ("the production path fails the floor rule against the oracle on this case ("
+                         + "; ".join(pv.reasons) + "): its error does not widen the limits")
+            production = None
     prod_err = production.max_abs if production is not None else None
     has_prod = _finite(prod_err)
     floor = k_floor * out_floor(ref_max, has_prod)
@@ -404,17 +426,26 @@ def judge(backend: str, m: Metrics, ref_out=None, production: Metrics | None = N
                            f"({txt}); max |dlse| {m.lse_max_abs:.2e}, worst at token {lt} head {lh}: a scale, "
                            "mask or KV-coverage error, or a different LSE convention (log2?)")
     else:
-        rule += "; no LSE from the backend: output-only rule, tighter row/token/head/mean limits"
+        rule += f"; no LSE from {_lse_who(m)}: output-only rule, tighter row/token/head/mean limits"
+    if prod_note:
+        rule += "; " + prod_note
     passed = not reasons
     if passed:
         reasons.append(f"max_abs {m.max_abs:.2e} <= limit {limit:.2e}; worst check at "
                        f"{max(v / l if l > 0 else 0.0 for v, l in checks.values()):.2f} of its limit"
                        + (f"; LSE {m.lse_ulp_max:.3g} <= {lse_limit:.3g} fp32 units" if lse_limit is not None
-                          else "; no LSE from the backend: judged on the output alone (tighter limits)")
+                          else f"; no LSE from {_lse_who(m)}: judged on the output alone "
+                          "(tighter limits)")
                        + (f" ({m.empty_rows} rows that see nothing not compared)" if m.empty_rows else ""))
     elif no_lse:
-        reasons.append("no LSE from the backend: judged on the output alone (tighter limits); return the "
-                       "LSE to catch bugs that move little probability")
+        if m.lse_missing == "the reference":
+            reasons.append(f"the reference ({against}) carries no LSE: judged on the output alone (tighter "
+                           "limits); judge against the oracle to check the LSE")
+        else:
+            reasons.append(f"no LSE from {_lse_who(m)}: judged on the output alone (tighter "
+                           "limits); return the LSE to catch bugs that move little probability")
+    if prod_note:
+        reasons.append(prod_note)
     return Verdict(backend=backend, against=against, metrics=m, passed=passed, limit=limit,
                    rule=rule, reasons=reasons, lse_limit=lse_limit, checks=checks)
 

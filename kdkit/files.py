@@ -40,7 +40,8 @@ def refuse_if_exists(path: str | os.PathLike) -> None:
 def _write_temp(folder: Path, name: str, data: Data, mode: int) -> Path:
     """A fully written, fsynced temporary file beside the final name."""
     while True:
-        tmp = folder / f".{name}.{secrets.token_hex(4)}.tmp"
+        # (the final name cut short: a name near the file system's 255-byte limit still gets a temp file)
+        tmp = folder / f".{name[:120]}.{secrets.token_hex(4)}.tmp"
         try:
             # O_EXCL: never reuse a name; the mode goes through the umask, as open() does
             fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_BINARY", 0), mode)

@@ -11,6 +11,7 @@ strides, storage), so every such lie is refused with a CaseError naming the file
 """
 from __future__ import annotations
 
+import io
 import pickletools
 import zipfile
 from dataclasses import dataclass
@@ -148,14 +149,14 @@ def _pickle_objects(data: bytes, path):
             d = stack[-1] if stack else None
             if not isinstance(d, dict):
                 _fail(path, "<pickle>", "data.pkl: SETITEM on something that is not a dict")
-            d[_key(k, path)] = v
+            _set(d, _key(k, path), v, path)
         elif name == "SETITEMS":
             items = pop_mark()
             d = stack[-1] if stack else None
             if not isinstance(d, dict) or len(items) % 2:
                 _fail(path, "<pickle>", "data.pkl: SETITEMS on something that is not a dict")
             for k, v in zip(items[::2], items[1::2]):
-                d[_key(k, path)] = v
+                _set(d, _key(k, path), v, path)
         elif name == "APPEND":
             v = pop()
             if not stack or not isinstance(stack[-1], list):
@@ -183,9 +184,18 @@ def _pickle_objects(data: bytes, path):
 
 
 def _key(k, path):
+    if isinstance(k, int) and not isinstance(k, bool) and abs(k) >= 1 << 63:
+        _fail(path, "<pickle>", "data.pkl: a dict key that is an integer of more than 64 bits")
     if isinstance(k, (str, int, float, bool)) or k is None:
         return k
     _fail(path, "<pickle>", f"data.pkl: a dict key of type {type(k).__name__}")
+
+
+def _set(d: dict, k, v, path) -> None:
+    # a key set twice would leave its first value unwalked here while torch keeps the last
+    if k in d:
+        _fail(path, "<pickle>", f"data.pkl sets the dict key {k!r:.40} twice; the file is forged: not loaded")
+    d[k] = v
 
 
 def _storage(pid, path) -> Storage:
@@ -211,9 +221,20 @@ def _call(fn, args, path):
         _fail(path, "<pickle>", f"the file calls {what} when loaded (only tensors and plain data are "
               "allowed); refused by the safe loader, nothing from it ran")
     if (fn.module, fn.name) == ("collections", "OrderedDict"):
+        # torch.save writes an OrderedDict empty and fills it by SETITEMS (which this scan sees);
+        # one built from arguments would hold what the scan never walked
+        if args != ():
+            _fail(path, "<pickle>", "data.pkl builds an OrderedDict from arguments (torch.save never "
+                  "does); the file is forged: not loaded")
         return {}
     if not isinstance(args, tuple) or len(args) < 4 or not isinstance(args[0], Storage):
         _fail(path, "<pickle>", "data.pkl: a tensor rebuild with malformed arguments")
+    # (storage, offset, size, stride, requires_grad, backward_hooks[, metadata]): a case's tensors
+    # carry no grad, no hooks and no metadata; metadata could set the neg or conj bit, so that the
+    # values torch reports differ from the bytes the checks and a kernel read
+    if len(args) not in (6, 7) or args[4] is not False or args[5] != {} or (len(args) == 7 and args[6] not in ({}, None)):
+        _fail(path, "<pickle>", "data.pkl: a tensor rebuilt with gradients, hooks or metadata (a neg or "
+              "conj bit); kdkit saves plain tensors: re-save the case with Case.save")
     st, offset, size, stride = args[:4]
     return TensorDecl(st, offset, size, stride)
 
@@ -282,24 +303,28 @@ def check_tensor(path, field: str, t: TensorDecl, records: dict) -> None:
               f"{st.numel} elements; the file is corrupt or forged")
 
 
-def scan(path) -> None:
+def scan(path, data: bytes | None = None) -> None:
     """Refuse (CaseError) a torch.save zip whose directory or pickle is hostile or broken.
-    Reads the zip's central directory and data.pkl only (at most MAX_PICKLE_BYTES)."""
+    Reads the zip's central directory and data.pkl only (at most MAX_PICKLE_BYTES). `data`: the
+    file's bytes, scanned in memory (`path` then only names it in errors)."""
     path = Path(path)
-    size = path.stat().st_size
+    size = path.stat().st_size if data is None else len(data)
     if size > MAX_FILE_BYTES:
         _fail(path, "<file>", f"{size} bytes is more than a case can be (limit {MAX_FILE_BYTES}); "
               "not loaded")
     try:
-        zf = zipfile.ZipFile(path)
+        zf = zipfile.ZipFile(path if data is None else io.BytesIO(data))
     except Exception as e:  # BadZipFile, NotImplementedError (zip features), struct.error, ...
         _fail(path, "<file>", f"cannot be read as a torch file (truncated or not a .pt?): {type(e).__name__}: "
               f"{str(e)[:120]}")
     with zf:
         infos = zf.infolist()
         names = [i.filename for i in infos]
-        if len(set(names)) != len(names):
-            _fail(path, "<zip>", "the archive names a member twice; the file is corrupt or forged")
+        # torch's zip reader finds members by name case-insensitively (data.pkl and DATA.PKL are
+        # one to it, the first listed wins): the scan must read the member torch will
+        if len({n.lower() for n in names}) != len(names):
+            _fail(path, "<zip>", "the archive names a member twice (letter case aside); the file is corrupt "
+                  "or forged")
         total = 0
         for i in infos:
             if i.compress_type != zipfile.ZIP_STORED or i.file_size != i.compress_size:
@@ -312,8 +337,8 @@ def scan(path) -> None:
             total += i.file_size
         if total > size:
             _fail(path, "<zip>", f"members declare {total} bytes in a {size}-byte file; forged: not loaded")
-        pkls = [n for n in names if n.endswith("/data.pkl") or n == "data.pkl"]
-        if len(pkls) != 1:
+        pkls = [n for n in names if n.lower().endswith("/data.pkl") or n.lower() == "data.pkl"]
+        if len(pkls) != 1 or not (pkls[0].endswith("/data.pkl") or pkls[0] == "data.pkl"):
             _fail(path, "<zip>", f"expected one data.pkl in the archive, found {len(pkls)} (not a torch.save file?)")
         prefix = pkls[0][: -len("data.pkl")]
         info = zf.getinfo(pkls[0])

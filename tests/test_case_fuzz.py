@@ -317,3 +317,107 @@ def test_fuzz_only_case_errors(tiny, tmp_path):
     assert loaded < FUZZ_FILES // 2, "most mutants should be refused: is the fuzzer mutating anything?"
     grew = _status_mb("VmHWM" if peak else "VmRSS") - before
     assert grew < 256, f"memory grew by {grew:.0f} MB ({'peak' if peak else 'left'}) over {FUZZ_FILES} files"
+
+
+# ---- found by a review (2026-12-02) --------------------------------------------------------------
+def _nested_note():
+    """40 x 40 x ... 7 levels deep, one list shared at every level: a few hundred bytes pickled,
+    40^7 paths to walk."""
+    shared = [0] * 40
+    for _ in range(6):
+        shared = [shared] * 40
+    return shared
+
+
+class _OrderedDictOf:
+    """Pickles as collections.OrderedDict(items): what torch.save never writes (it fills an empty
+    one by SETITEMS) and the scan did not look inside."""
+
+    def __init__(self, items):
+        self.items = items
+
+    def __reduce__(self):
+        import collections
+        return collections.OrderedDict, (self.items,)
+
+
+def test_an_ordered_dict_built_from_arguments_is_refused(tmp_path):
+    rec = make_case(prefix=21, q_len=9).to_record()
+    rec["meta"] = _OrderedDictOf(list({**rec["meta"], "note": _nested_note()}.items()))
+    p = tmp_path / "od.pt"
+    torch.save(rec, p)
+    with pytest.raises(CaseError, match="field '<pickle>': data.pkl builds an OrderedDict from arguments"):
+        load(p)
+
+
+def test_a_pickle_torch_reads_under_another_letter_case_is_refused(tmp_path):
+    """torch finds archive/DATA.PKL as data.pkl (its zip reader ignores letter case, the first
+    listed wins): the scan read the harmless archive/data.pkl listed after it."""
+    case = make_case(prefix=21, q_len=9)
+    good_buf, bad_buf = io.BytesIO(), io.BytesIO()
+    torch.save(case.to_record(), good_buf)
+    bad = case.to_record()
+    bad["meta"]["note"] = _nested_note()
+    torch.save(bad, bad_buf)
+    good, hostile = zipfile.ZipFile(good_buf), zipfile.ZipFile(bad_buf)
+    prefix = next(n for n in good.namelist() if n.endswith("/data.pkl"))[: -len("data.pkl")]
+    p = tmp_path / "case.pt"
+    with zipfile.ZipFile(p, "w", zipfile.ZIP_STORED) as z:
+        z.writestr(prefix + "DATA.PKL", hostile.read(prefix + "data.pkl"))
+        for name in good.namelist():
+            z.writestr(name, good.read(name))
+    with pytest.raises(CaseError, match=r"field '<zip>': the archive names a member twice \(letter case aside\)"):
+        load(p)
+
+
+def test_a_meta_walk_is_bounded_however_the_pickle_shares_its_lists(tmp_path):
+    """The meta check walked a shared list once per path (40^7 visits): it stops at META_ITEMS."""
+    from kdkit.case import META_ITEMS, _check_plain
+    with pytest.raises(CaseError, match=f"meta holds more than {META_ITEMS} items"):
+        _check_plain(_nested_note(), "meta.note", tmp_path / "x.pt")
+
+
+def test_a_huge_integer_key_is_a_case_error(tmp_path):
+    rec = make_case(prefix=21, q_len=9).to_record()
+    rec[10 ** 5000] = 1
+    p = tmp_path / "key.pt"
+    torch.save(rec, p)
+    with pytest.raises(CaseError, match="a dict key that is an integer of more than 64 bits"):
+        load(p)
+
+
+def test_a_tensor_with_a_neg_bit_or_gradients_is_refused(tmp_path):
+    """With the neg bit set, torch reports -x for the stored x: the range checks saw one thing and
+    the bytes a kernel reads held another."""
+    rec = make_case(prefix=21, q_len=9).to_record()
+    raw = (-rec["tensors"]["kv_indices"]).contiguous()
+    torch._C._set_tensor_metadata(raw, {"neg": True})
+    rec["tensors"]["kv_indices"] = raw
+    p = tmp_path / "neg.pt"
+    torch.save(rec, p)
+    with pytest.raises(CaseError, match="a tensor rebuilt with gradients, hooks or metadata"):
+        load(p)
+    rec = make_case(prefix=21, q_len=9).to_record()
+    rec["tensors"]["q"] = rec["tensors"]["q"].clone().requires_grad_(True)
+    torch.save(rec, p2 := tmp_path / "grad.pt")
+    with pytest.raises(CaseError, match="a tensor rebuilt with gradients, hooks or metadata"):
+        load(p2)
+
+
+def test_what_save_writes_load_reads(tmp_path):
+    """A meta integer of thousands of digits was saved to a file that load() then refused; two
+    nested keys that become one string were merged silently; a non-string top-level key crashed
+    with a TypeError."""
+    case = make_case(prefix=21, q_len=9)
+    case.meta["note"] = 1 << 2100
+    case.save(tmp_path / "big.pt")
+    assert load(tmp_path / "big.pt").meta["note"] == str(1 << 2100)
+    case = make_case(prefix=21, q_len=9)
+    case.meta["extra"] = {1: "a", "1": "b"}
+    with pytest.raises(CaseError, match=r"field 'meta.extra': keys 1 and '1' both become '1'"):
+        case.save(tmp_path / "keys.pt")
+    case = make_case(prefix=21, q_len=9)
+    case.meta[7] = "x"
+    with pytest.raises(CaseError, match="field 'meta': key 7 \\(int\\): meta keys are strings"):
+        case.save(tmp_path / "top.pt")
+    assert not any(tmp_path.glob("keys.pt")) and not any(tmp_path.glob("top.pt"))

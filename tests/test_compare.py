@@ -151,12 +151,19 @@ def test_production_scales_the_ulp_limits():
     b = _ref(T=1, H=1)
     sp = compare.spacing(b)
     lse = np.full((1, 1), 3.0)
-    prod = metrics(b + 1.5 * sp, b, lse, lse)     # a production path 1.5 spacings off
-    m = metrics(b + 3.2 * sp, b, lse, lse)
-    v = judge("k", m, b, production=prod)         # limit 2 x 1.5 + 0.5 x 1.0 = 3.5
-    assert v.checks["ulp_row"][1] == pytest.approx(3.5) and v.checks["ulp_row"][0] <= 3.5
-    m = metrics(b + 3.6 * sp, b, lse, lse)
+    prod = metrics(b + 0.45 * sp, b, lse, lse)    # a production path 0.45 spacings off: within every floor
+    m = metrics(b + 1.35 * sp, b, lse, lse)
+    v = judge("k", m, b, production=prod)         # limit 2 x 0.45 + 0.5 x 1.0 = 1.4
+    assert v.checks["ulp_row"][1] == pytest.approx(1.4) and v.checks["ulp_row"][0] <= 1.4
+    m = metrics(b + 1.45 * sp, b, lse, lse)
     assert "ulp_row" in judge("k", m, b, production=prod).caught_by
+    # a production path beyond the floors (1.5 spacings: ulp_row's floor is 1) widens nothing: a
+    # wrong one would excuse a backend's bug; the verdict says why its error was not used
+    off = metrics(b + 1.5 * sp, b, lse, lse)
+    v = judge("k", metrics(b + 1.2 * sp, b, lse, lse), b, production=off)
+    assert v.checks["ulp_row"][1] == compare.ULP_ROW and "ulp_row" in v.caught_by
+    assert "the production path fails the floor rule against the oracle on this case" in v.reasons[-1]
+    assert "its error does not widen the limits" in v.rule
     # the ulp checks split floor and production as max_abs does (compare.PROD_SHARE says why)
     assert compare.PROD_SHARE == compare.PROD_FLOOR_U / compare.OUT_FLOOR_U
 
@@ -188,7 +195,9 @@ def test_floor_alone_boundary():
 
 
 def test_production_boundary():
-    prod = Metrics(max_abs=0.02, mean_abs=1e-3, rel=1e-3, cos_dist=1e-6, nonfinite=0, lse_max_abs=None)
+    # (a production path's metrics are against the oracle: ref_max_abs is the oracle's max|ref|)
+    prod = Metrics(max_abs=0.02, mean_abs=1e-3, rel=1e-3, cos_dist=1e-6, nonfinite=0, lse_max_abs=None,
+                   ref_max_abs=4.0)
     a, b = _pair(0.07)
     assert "max_abs" in judge("k", metrics(a, b), b).caught_by             # floor alone: 0.0625
     v = judge("k", metrics(a, b), b, production=prod)                    # 2 x 0.02 + 2^-7 x 4
@@ -198,12 +207,12 @@ def test_production_boundary():
     assert "max_abs" in v.caught_by
     assert _max_abs(v).startswith("max_abs 7.14e-02 > limit 7.13e-02 = 2 x production 2.00e-02 + "
                                   "bf16 floor 3.12e-02 (= 1 x 2^-7 x max|ref| 4)")
-    # a production path that is itself far off does not excuse much more than 2x its error
+    # a production path that is itself far off (max_abs 1.0 over a floor of 0.0625) excuses
+    # nothing: the floor alone holds (it excused up to 2x its error before)
     worse = Metrics(max_abs=1.0, mean_abs=0.1, rel=0.1, cos_dist=1e-2, nonfinite=0, lse_max_abs=None)
-    a, b = _pair(2.03)                                                   # limit 2 + 0.03125
-    assert "max_abs" not in judge("k", metrics(a, b), b, production=worse).caught_by
-    a, b = _pair(2.04)
-    assert "max_abs" in judge("k", metrics(a, b), b, production=worse).caught_by
+    a, b = _pair(0.07)
+    v = judge("k", metrics(a, b), b, production=worse)
+    assert "max_abs" in v.caught_by and v.limit == 0.0625
     # against a bf16 reference (not the oracle) its own error adds: 3 x production + 2 x floor
     a, b = _pair(0.0714)
     v = judge("k", metrics(a, b), b, production=prod, against="captured")
@@ -369,3 +378,51 @@ def test_outputs_in_bf16s_subnormal_range_are_measured_in_its_smallest_spacing()
     got = torch_ref.run(case)
     v = judge("torch", metrics(got.out, ref, got.lse, ref_lse), ref)
     assert v.passed, v.caught_by
+
+
+# ---- found by a review (2026-12-02) --------------------------------------------------------------
+def test_a_wrong_production_path_excuses_no_bug():
+    """A production output that is itself wrong (here request 1 x1.5: a stale pool, another layer's
+    capture) widened every limit by its error, and a backend whose request 0 is x1.3 passed. Held to
+    the floor rule against the oracle first, it widens nothing, and the verdict says why."""
+    case = synth.make_case(bs=2, prefix=[300, 40], q_len=9, heads=4, seed=3)
+    ref, ref_lse = oracle.run(case)
+    ref, ref_lse = np.asarray(ref), np.asarray(ref_lse)
+    cond, scale = oracle.lse_condition(case), oracle.out_scale(case)
+    prod_out = ref.copy()
+    prod_out[9:] *= 1.5                                    # request 1's tokens
+    production = metrics(prod_out, ref, ref_lse, ref_lse, lse_cond=cond, out_scale=scale)
+    assert not judge("production", production, ref).passed
+    bad = ref.copy()
+    bad[:9] *= 1.3                                         # request 0's tokens, no LSE
+    v = judge("k", metrics(bad, ref, out_scale=scale), ref, production=production)
+    assert not v.passed and "max_abs" in v.caught_by
+    assert "the production path fails the floor rule against the oracle on this case" in v.reasons[-1]
+    good = judge("k", metrics(ref, ref, ref_lse, ref_lse, lse_cond=cond, out_scale=scale), ref, production=production)
+    assert good.passed
+
+
+def test_a_reference_lse_of_nan_fails_instead_of_hiding_its_row():
+    """Against a bf16 backend as the reference, its NaN LSE left the row out of the LSE check and
+    counted nowhere; it is a non-finite reference entry now (-inf stays a row that sees nothing)."""
+    b = _ref(T=2, H=2)
+    lse = np.full((2, 2), 3.0)
+    ref_lse = lse.copy()
+    ref_lse[1, 1] = np.nan
+    v = judge("k", metrics(b, b, lse + 1e9 * (np.arange(4).reshape(2, 2) == 3), ref_lse), b, against="triton")
+    assert not v.passed and "reference" in v.caught_by
+    ref_lse[1, 1] = -np.inf                                # a row that sees nothing: left out, counted
+    m = metrics(b, b, lse, ref_lse)
+    assert m.ref_nonfinite == 0 and m.empty_rows == 1
+
+
+def test_a_reference_without_lse_is_named_as_the_one_without():
+    """Against a capture (no LSE) the verdict blamed the backend's missing LSE."""
+    b = _ref(T=2, H=2)
+    lse = np.full((2, 2), 3.0)
+    a = b.copy()
+    a[1, 1] += 1.5 * compare.spacing(b)[1, 1]               # over the no-LSE row limit 2 x 0.7
+    v = judge("k", metrics(a, b, lse, None), b, against="captured")
+    assert not v.passed and "the reference (captured) carries no LSE" in v.reasons[-1]
+    assert "no LSE from the reference" in v.rule
+    assert metrics(a, b, None, lse).lse_missing == "the backend" and metrics(a, b, lse, lse).lse_missing == ""

@@ -125,3 +125,11 @@ def test_no_links_fallback_gives_the_name_back_if_the_rename_fails(tmp_path, mon
     with pytest.raises(OSError, match="I/O error"):
         publish(p, b"data")
     assert not p.exists() and _leftovers(tmp_path) == []
+
+
+def test_a_name_near_the_file_systems_limit_is_written(tmp_path, fs):
+    """The temp name added ~15 characters to the final one: a 250-byte name, which the file system
+    takes, failed with ENAMETOOLONG (found by a review, 2026-12-02)."""
+    name = "c" * 246 + ".pt"
+    assert publish(tmp_path / name, b"x") == tmp_path / name
+    assert (tmp_path / name).read_bytes() == b"x" and _leftovers(tmp_path) == []
