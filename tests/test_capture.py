@@ -49,6 +49,10 @@ def test_layers(text, want):
     ({"KDKIT_MIN_FREE": "9" * 400}, "KDKIT_MIN_FREE"), ({"KDKIT_LAYERS": "1" * 5000}, "KDKIT_LAYERS"),
     ({"KDKIT_MAX_BYTES": "0.1"}, "KDKIT_MAX_BYTES"), ({"KDKIT_MAX_CASES": "1_000"}, "KDKIT_MAX_CASES"),
     ({"KDKIT_LAYERS": "\u0663"}, "KDKIT_LAYERS"),
+    # (a review's: accepted, and then nothing was ever seen, or capture stopped at once)
+    ({"KDKIT_FORWARD_MODES": "decode"}, "KDKIT_FORWARD_MODES"),
+    ({"KDKIT_FORWARD_MODES": "target_verify,idle"}, "KDKIT_FORWARD_MODES"),
+    ({"KDKIT_FORWARD_MODES": ",,"}, "KDKIT_FORWARD_MODES"), ({"KDKIT_MAX_BYTES": "1.5"}, "KDKIT_MAX_BYTES"),
 ])
 def test_a_bad_value_is_one_line_naming_the_variable(env, var):
     with pytest.raises(settings.SettingsError) as e:
@@ -498,3 +502,39 @@ def test_a_plan_a_graph_captures_is_kept_for_the_graph():
         ck.plan(c, 100, capturing=False)
     assert ck.plan(warm, 100, capturing=False) is eager       # still there: no second plan
     assert len(made) == 1 + len(others) and len(ck._eager) <= kernels.EAGER_PLANS
+
+
+# ---- found by a review (2026-12-02) --------------------------------------------------------------
+def test_no_snapshot_is_taken_when_the_writer_cannot_keep_it(tmp_path, monkeypatch):
+    """A snapshot gathers the request's pool rows on the GPU and pins host memory for them: with the
+    writer's queue full it was taken and then thrown away, on every selected call."""
+    from kdkit.capture import hook as hook_mod
+    hk = hook_mod.Hook(settings.from_env({"KDKIT_MODE": "capture", "KDKIT_DIR": str(tmp_path)}))
+    taken = []
+    monkeypatch.setattr(hk, "_snapshot", lambda c, kc, note: taken.append(c) or object())
+    monkeypatch.setattr(hk.writer, "has_room", lambda: False)
+    for _ in range(5):
+        hk._capture(SimpleNamespace(layer=0), None)
+    assert taken == [] and hk.writer.dropped == 5
+
+
+def test_a_backend_without_the_kernel_attribute_is_served_by_sglang(tmp_path, monkeypatch):
+    """getattr of the kernel attribute was outside any try: an AttributeError escaped into
+    SGLang's forward_extend and took the server down."""
+    from kdkit.capture import hook as hook_mod
+    monkeypatch.setattr(hook_mod.sglang_api, "in_graph_capture", lambda: False)
+    hk = hook_mod.Hook(settings.from_env({"KDKIT_MODE": "capture", "KDKIT_DIR": str(tmp_path)}))
+
+    class Bare:
+        def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None):
+            return "sglang's own output"
+
+    batch = SimpleNamespace(forward_mode=SimpleNamespace(name="TARGET_VERIFY"))
+    out = hook_mod.Hook.__call__(hk, Bare.forward_extend, Bare(), "q", None, None, SimpleNamespace(layer_id=0), batch)
+    assert out == "sglang's own output" and any(k[0] == "lending the kernel" for k in hk.faults)
+
+
+def test_capture_env_checks_the_settings_with_the_mode_it_prints():
+    """`capture env --mode replace` with KDKIT_KERNEL=torch printed a line the server refuses."""
+    r = _kdkit("capture", "env", "--mode", "replace", env=_clean_env(KDKIT_KERNEL="torch"))
+    assert r.returncode == 2 and r.stderr.startswith("kdkit: KDKIT_KERNEL='torch': replace serves kdkit's CUDA kernel only")

@@ -69,8 +69,11 @@ def cmd_env(args) -> int:
     """Print the KDKIT_* settings in force (read from this environment exactly as the plugin will
     read them in every SGLang process) and the sglang.launch_server flags the mode needs. Exit 2
     with one line if a setting is bad."""
+    env = dict(os.environ)
+    if args.mode:  # the settings as the server will read them: with the mode the line sets
+        env["KDKIT_MODE"] = args.mode
     try:
-        s = from_env()
+        s = from_env(env)
     except SettingsError as e:
         _err(f"{e} (the server would stop at start-up with this line)")
         return EXIT_BAD_INPUT

@@ -171,8 +171,12 @@ class Hook:
         # neither happens there. (The step count in _select still assumes one forward thread.)
         owner = threading.get_ident()
         with self._lend_lock(backend):
-            own = attr in vars(backend)
-            real = getattr(backend, attr)
+            try:
+                own = attr in vars(backend)
+                real = getattr(backend, attr)
+            except Exception as e:  # a backend without the kernel attribute: SGLang's own path
+                self._fault("lending the kernel", e)
+                return original(backend, *args, **kwargs)
 
             def tap(*a, **kw):
                 if threading.get_ident() != owner:
@@ -251,13 +255,27 @@ class Hook:
 
     def _submit(self, snap: record.Snapshot) -> None:
         if not self.writer.submit(snap):
-            self.say("queue-full", f"[kdkit] the case writer is behind ({self.writer.dropped} captures "
-                     "dropped so far; the server never waits for it): capture fewer calls (KDKIT_EVERY, KDKIT_LAYERS)")
+            self._behind()
+
+    def _behind(self) -> None:
+        self.say("queue-full", f"[kdkit] the case writer is behind ({self.writer.dropped} captures "
+                 "dropped so far; the server never waits for it): capture fewer calls (KDKIT_EVERY, KDKIT_LAYERS)")
+
+    def _room(self) -> bool:
+        """Whether a snapshot would be kept: asked before taking one, since a snapshot gathers the
+        request's pool rows on the GPU and pins host memory for them (gigabytes at long context),
+        all of it thrown away when the writer's queue is full."""
+        if self.writer.has_room():
+            return True
+        self.writer.dropped += 1
+        self._behind()
+        return False
 
     def _capture(self, c: _Call, kc: record.KernelCall) -> None:
         if self.store.stopped:  # said once when it stopped; the writer checks the budget per file
             return
-        self._submit(self._snapshot(c, kc, "kdkit capture: the live Triton call's inputs and output"))
+        if self._room():
+            self._submit(self._snapshot(c, kc, "kdkit capture: the live Triton call's inputs and output"))
 
     def _validate(self, c: _Call, kc: record.KernelCall, backend) -> None:
         T, H = kc.q.shape[0], kc.num_heads
@@ -273,7 +291,7 @@ class Hook:
         label = f"L{c.layer} r{self.rank} s{c.step}"
         log.info(compare.seed_line(label, m))
         failed = not (m.rel <= self.s.rel_threshold)  # NaN/inf fail too
-        if failed and self.store is not None and not self.store.stopped:
+        if failed and self.store is not None and not self.store.stopped and (snap is not None or self._room()):
             note = (f"kdkit validate: KDKIT_KERNEL={self.s.kernel} against the live Triton output: "
                     f"max_abs_diff={m.max_abs:.4e} mean={m.mean_abs:.4e} rel={m.rel:.4e} "
                     f"(threshold {self.s.rel_threshold:g})")

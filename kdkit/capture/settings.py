@@ -20,6 +20,9 @@ KERNELS = ("cuda", "torch")
 FORWARD_MODES = ("extend", "decode", "mixed", "idle", "target_verify", "draft_extend",
                  "draft_extend_v2", "prebuilt", "split_prefill", "dllm_extend")
 
+# forward modes the attention backend's forward() never hands to forward_extend
+NEVER_EXTEND = ("decode", "idle")
+
 DEFAULT_DIR = "kdkit-captures"
 DEFAULT_FORWARD_MODES = ("target_verify",)
 # rel = ||kdkit - triton|| / ||triton||. Two correct bf16 kernels differ by a few bf16 roundings
@@ -110,6 +113,8 @@ def parse_bytes(var: str, text: str, default: int | None = None) -> int | None:
     m = re.fullmatch(r"([0-9]{1,30}(?:\.[0-9]{1,30})?)([a-z]*)", t)
     if not m or m.group(2) not in _UNITS:
         raise SettingsError(var, text, "want a size like 500M, 2GiB or 1048576 (bytes), or none")
+    if "." in m.group(1) and _UNITS[m.group(2)] == 1:  # 1.5 read as 1 byte stopped capture at once
+        raise SettingsError(var, text, "a fraction of a byte; bytes are whole (did you mean 1.5G?)")
     val = float(m.group(1)) * _UNITS[m.group(2)]
     if not math.isfinite(val) or val > 1 << 62:
         raise SettingsError(var, text, "more bytes than any disk holds; write none for no limit")
@@ -220,10 +225,17 @@ def from_env(env=None) -> Settings:
         raise SettingsError("KDKIT_MODE", env["KDKIT_MODE"], f"choose one of {', '.join(MODES)} (or unset it)")
     fm_text = env.get("KDKIT_FORWARD_MODES", "")
     fms = tuple(s.strip().lower() for s in fm_text.split(",") if s.strip()) or DEFAULT_FORWARD_MODES
+    if fm_text.strip() and not any(s.strip() for s in fm_text.split(",")):
+        raise SettingsError("KDKIT_FORWARD_MODES", fm_text, "no forward mode named; give one (target_verify) or unset it")
     bad = [f for f in fms if f not in FORWARD_MODES]
     if bad:
         raise SettingsError("KDKIT_FORWARD_MODES", fm_text, f"{bad[0]!r} is not an SGLang forward mode; "
-                            f"choose from {', '.join(FORWARD_MODES)}")
+                            f"choose from {', '.join(f for f in FORWARD_MODES if f not in NEVER_EXTEND)}")
+    never = [f for f in fms if f in NEVER_EXTEND]
+    if never:
+        raise SettingsError("KDKIT_FORWARD_MODES", fm_text, f"{never[0]!r} never reaches forward_extend, the "
+                            "method kdkit hooks (SGLang sends decode to forward_decode and returns early for "
+                            "idle): nothing would be seen")
     rel_text = env.get("KDKIT_REL_THRESHOLD", "").strip()
     try:
         rel = float(rel_text) if rel_text else DEFAULT_REL_THRESHOLD

@@ -170,6 +170,10 @@ class Writer:
                 self._thread.start()
                 atexit.register(self.drain)
 
+    def has_room(self) -> bool:
+        """Whether submit() would take a snapshot now (the queue is not full)."""
+        return not self._q.full()
+
     def submit(self, snap) -> bool:
         """Hand a snapshot to the thread; False (dropped) if the queue is full."""
         self._start()
