@@ -243,10 +243,12 @@ def print_replay(rep, out=print) -> None:
 
 def _verdict(rep, allow_skip: bool) -> tuple[int, str]:
     """(exit code, why) for one replayed case: 1 if a backend failed or errored, the lint found
-    errors, nothing requested ran, or a backend was skipped and skips are not allowed."""
+    errors, nothing was judged (nothing ran beside the reference: the report says FAIL too), or a
+    backend was skipped and skips are not allowed."""
     from . import report
     rows = report.rows_of(rep)
-    ran = [r for r in rows if r.status in ("pass", "fail", "error")]
+    against = getattr(rep, "against", "oracle")
+    ran = [r for r in rows if r.status in ("pass", "fail", "error") and r.backend != against]
     skipped = [r.backend for r in rows if r.status == "skipped"]
     bad = [r.backend for r in report.failed(rep)]
     lint_errors = sorted({f.code for f in (rep.lint or []) if f.severity == "error"})
@@ -256,7 +258,8 @@ def _verdict(rep, allow_skip: bool) -> tuple[int, str]:
     if lint_errors:
         why.append(f"lint errors ({', '.join(lint_errors)})")
     if not ran:
-        why.append(f"nothing requested ran ({', '.join(skipped)} skipped)")
+        why.append(f"nothing judged ({', '.join(skipped)} skipped)" if skipped
+                   else f"nothing judged: no backend beside {against} was asked for")
     elif skipped and not allow_skip:
         why.append(f"{', '.join(skipped)} skipped, so not tested (--allow-skip accepts that)")
     return (EXIT_PROBLEM if why else EXIT_OK), "; ".join(why)
@@ -296,7 +299,7 @@ def _against_runs(args) -> bool:
 
 def _replay_all(args, files: list[Path]) -> _Replayed:
     """Replay case after case (the inputs are checked already), printing each as it is done."""
-    from . import lint, replay, report
+    from . import backends, lint, replay, report
     if not _against_runs(args):
         return _Replayed(rc=EXIT_PROBLEM)
     names = args.backends

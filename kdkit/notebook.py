@@ -119,6 +119,13 @@ def show_figures(figs: dict) -> None:
 
 
 # ---- widgets ----------------------------------------------------------------------------------
+
+def _esc(text) -> str:
+    """Text from a case (its id, file name, a reason) for a widget's HTML: the HTML widget sets
+    innerHTML, and a shared case's id is not to be trusted."""
+    import html
+    return html.escape(str(text))
+
 class ReplayExplorer:
     """A case picker over a directory, a backend selector, token and head sliders, and one output
     area that is redrawn in place. `.widget` is what a notebook displays."""
@@ -155,7 +162,7 @@ class ReplayExplorer:
                               self.status, self.out])
 
     def _replay(self) -> None:
-        self.status.value = f"<b>replaying</b> {self.case.label} ..."
+        self.status.value = f"<b>replaying</b> {_esc(self.case.label)} ..."
         path = Path(self.case.value)
         picked = list(self.backends.value) or ["oracle"]
         if self.view is None or self.view.path != path or [r.backend for r in self.view.rep.rows] != picked:
@@ -164,7 +171,8 @@ class ReplayExplorer:
             except Exception as e:  # a broken case file: say so in place, keep the widgets alive
                 self.view = None
                 self.out.clear_output()
-                self.status.value = f"<b style='color:#b00020'>cannot replay {path.name}</b>: {type(e).__name__}: {e}"
+                self.status.value = (f"<b style='color:#b00020'>cannot replay {_esc(path.name)}</b>: "
+                                     f"{type(e).__name__}: {_esc(e)}")
                 return
         _, t, h = plots.worst_row(self.view.rep)
         self._quiet = True
@@ -188,8 +196,8 @@ class ReplayExplorer:
             except Exception as e:  # e.g. a mis-marshaled case the oracle cannot read
                 print(f"figures unavailable: {type(e).__name__}: {e}")
         ok, line = report.outcome(self.view.rep)
-        self.status.value = (f"<b>{self.view.case.case_id}</b>: "
-                             f"<span style='color:{'#1b5e20' if ok else '#b00020'}'>{'pass' if ok else line}</span>"
+        self.status.value = (f"<b>{_esc(self.view.case.case_id)}</b>: "
+                             f"<span style='color:{'#1b5e20' if ok else '#b00020'}'>{'pass' if ok else _esc(line)}</span>"
                              f"; row token {self.token.value} head {self.head.value}")
 
 

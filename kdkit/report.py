@@ -316,14 +316,15 @@ def render_markdown(reports: list, sources: list | None = None, stopped: list | 
         if src:
             out.append(f"File: `{src}`  ")
         ok, line = outcome(rep)
+        lint_text, table = _lint_text(rep), rep.table()
         out += [_md(_summary(rep)), "", f"**Result: {_md(line) if ok else 'FAIL (' + _md(line) + ')'}**", "",
-                "### Lint", "", "```", _lint_text(rep), "```", "",
-                "### Backends", "", "```", rep.table(), "```", ""]
+                "### Lint", "", *_fenced(lint_text), "",
+                "### Backends", "", *_fenced(table), ""]
         if ran(rep):
             out += ["### What ran", ""] + [f"- {line}" for line in ran(rep)] + [""]
         seeds = list(rep.seed_lines())
         if seeds:
-            out += ["### Seed-style diff lines", "", "```", *seeds, "```", ""]
+            out += ["### Seed-style diff lines", "", *_fenced("\n".join(seeds)), ""]
         sk = skipped(rep)
         if sk:
             out += ["### Skipped", ""] + [f"- {name}: {why}" for name, why in sk] + [""]
@@ -332,10 +333,19 @@ def render_markdown(reports: list, sources: list | None = None, stopped: list | 
     return "\n".join(out).rstrip() + "\n"
 
 
+def _fenced(text: str) -> list[str]:
+    """A code block around `text` that nothing in it can close: a fence of more backticks than the
+    longest run in it (a case id is the user's, and may hold a fence of its own)."""
+    runs = [len(r) for r in re.findall(r"`+", text)]
+    fence = "`" * max(3, max(runs, default=0) + 1)
+    return [fence, text, fence]
+
+
 def _md(text) -> str:
     """Text from a case (its id, note, a reason) in Markdown prose: HTML-escaped, since Markdown
     viewers render raw HTML (a shared case's id is data, not markup)."""
-    return html.escape(str(text), quote=False)
+    # (on one line: a newline in a case id would end its heading and could open a block)
+    return html.escape(" ".join(str(text).splitlines()), quote=False)
 
 
 def _templates():

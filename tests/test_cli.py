@@ -147,7 +147,7 @@ def test_a_skipped_backend_is_not_a_pass(capsys):
 def test_nothing_requested_ran_exits_1_even_with_allow_skip(capsys):
     rc, out, err = run(capsys, "replay", SEED, "--backends", "captured", "--allow-skip")
     assert rc == 1
-    assert first_line(err) == f"kdkit: {SEED}: nothing requested ran (captured skipped)"
+    assert first_line(err) == f"kdkit: {SEED}: nothing judged (captured skipped)"
 
 
 def test_cuda_without_a_gpu_exits_1(capsys):
@@ -157,7 +157,7 @@ def test_cuda_without_a_gpu_exits_1(capsys):
         pytest.skip("the CUDA kernel can run here")
     rc, out, err = run(capsys, "replay", SEED, "--backends", "cuda")
     assert rc == 1 and re.search(r"^cuda\s+skipped\b", out, re.M) and why in out
-    assert first_line(err) == f"kdkit: {SEED}: nothing requested ran (cuda skipped)"
+    assert first_line(err) == f"kdkit: {SEED}: nothing judged (cuda skipped)"
 
 
 def test_against_a_backend_that_cannot_run_exits_1_before_work(capsys):
@@ -307,12 +307,12 @@ def test_report_writes_and_never_overwrites(capsys, seed_case_path, tmp_path):
     assert html.count("window.PlotlyConfig") == 1 and "<script src=" not in html
     assert html.count("Plotly.newPlot") >= 2
     before = target.read_bytes()
-    rc, out, _ = run(capsys, "report", seed_case_path, "--backends", "oracle", "--out", target)
+    rc, out, _ = run(capsys, "report", seed_case_path, "--backends", "oracle,torch", "--out", target)
     assert rc == 0 and target.read_bytes() == before
     others = [p for p in tmp_path.iterdir() if p != target]
     assert len(others) == 1 and others[0].name.startswith("r-") and others[0].suffix == ".html"
     assert str(others[0]) in out
-    rc, _, _ = run(capsys, "report", seed_case_path, "--backends", "oracle", "--out", target, "--force")
+    rc, _, _ = run(capsys, "report", seed_case_path, "--backends", "torch", "--out", target, "--force")
     assert rc == 0 and target.read_bytes() != before
 
 
@@ -349,7 +349,7 @@ def test_demo_report_is_one_file_it_overwrites(capsys, tmp_path, seed_case_path)
     assert "--report reports/demo.html" in demo and "--force" in demo and "--allow-skip" in demo
     target = tmp_path / "demo.md"
     for _ in range(2):
-        rc, _, err = run(capsys, "replay", seed_case_path, "--backends", "oracle", "--report", target, "--force")
+        rc, _, err = run(capsys, "replay", seed_case_path, "--backends", "torch", "--report", target, "--force")
         assert rc == 0, err
     assert files_under(tmp_path) == [target.relative_to(tmp_path)]
 
@@ -437,7 +437,7 @@ PROBE = ("import sys\nfrom kdkit.cli import main\ntry:\n    rc = main(sys.argv[1
     (["nosuch"], 2, ("torch", "plotly")),
     (["replay", "--help"], 0, ("plotly", "triton")),
     (["inspect", str(SEED)], 0, ("plotly", "triton")),
-    (["replay", str(SEED), "--backends", "oracle"], 0, ("plotly", "triton")),   # (imports, not numerics: no torch backend)
+    (["replay", str(SEED), "--backends", "oracle"], 1, ("plotly", "triton")),   # (imports, not numerics: nothing judged, rc 1)
 ], ids=["help", "bad-arg", "replay-help", "inspect", "replay"])
 def test_start_up_imports_only_what_the_command_needs(tmp_path, argv, rc, unwanted):
     """Issue 12 item 13: the command line imports torch and plotting only when the command needs them."""
@@ -598,3 +598,38 @@ def test_bench_leaves_no_folder_behind_when_it_cannot_run(capsys, tmp_path):
         pytest.skip("a GPU is here: bench runs")
     rc, out, err = run(capsys, "bench", "--out", tmp_path / "new" / "sub")
     assert rc == 1 and not (tmp_path / "new").exists()
+
+
+# ---- found by a review (2026-12-02) --------------------------------------------------------------
+def test_a_replay_the_reference_cannot_run_stops_with_a_line_not_a_traceback(capsys):
+    """_replay_all named `backends` without importing it: any exception from a replay became a
+    NameError traceback, and neither of its two messages could be said."""
+    rc, _, err = run(capsys, "replay", str(SEED), "--backends", "torch", "--against", "captured")
+    assert rc == 1 and "NameError" not in err and "Traceback" not in err
+    assert err.startswith(f"kdkit: {SEED}: ") and "captured" in err
+
+
+def test_a_markdown_report_keeps_a_hostile_case_id_inside_its_text(capsys, tmp_path):
+    """A case id with a fence and a newline closed the report's code blocks early and split its
+    heading, so raw HTML from it reached the Markdown."""
+    from kdkit.case import load
+    case = load(SEED)
+    case.meta["case_id"] = "x\n```\n<img src=x onerror=alert(1)>\n```"
+    src = tmp_path / "hostile.pt"
+    case.save(src)
+    target = tmp_path / "r.md"
+    run(capsys, "replay", str(src), "--backends", "torch", "--report", str(target))
+    text = target.read_text()
+    fence, outside = None, []  # CommonMark: a fence closes only with at least as many backticks
+    for ln in text.splitlines():
+        run_ = len(ln) - len(ln.lstrip("`"))
+        if fence is None and run_ >= 3:
+            fence = run_
+        elif fence is not None and run_ >= fence and not ln.strip("`"):
+            fence = None
+        elif fence is None:
+            outside.append(ln)
+    assert fence is None and "&lt;img" in text
+    assert not any("<img" in ln for ln in outside), [ln for ln in outside if "<img" in ln]
+    heads = [ln for ln in text.splitlines() if ln.startswith("## ")]
+    assert any("x ``` &lt;img" in h for h in heads), heads

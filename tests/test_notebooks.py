@@ -106,6 +106,18 @@ def test_explorer_widgets_redraw_on_a_new_case():
     assert first.view.case.case_id.startswith("failure-") and "lint errors" in first.status.value
 
 
+def test_explorer_shows_a_hostile_case_id_as_text(tmp_path):
+    """The status line is an HTML widget (innerHTML): a case id like <img onerror=...> ran as
+    markup in JupyterLab (found by a review, 2026-12-02)."""
+    pytest.importorskip("ipywidgets")
+    from kdkit.case import load
+    case = load(DATA / "seed-shape.pt")
+    case.meta["case_id"] = "<img src=x onerror=alert(1)>"
+    case.save(tmp_path / "hostile.pt")
+    ex = knb.ReplayExplorer(None, tmp_path, "oracle,torch")
+    assert "<img" not in ex.status.value and "&lt;img src=x onerror=alert(1)&gt;" in ex.status.value
+
+
 def plots_worst(rep):
     from kdkit import plots
     return plots.worst_row(rep)
