@@ -187,14 +187,19 @@ class ReplayExplorer:
     def _draw(self) -> None:
         if getattr(self, "_quiet", False) or self.view is None:
             return
-        from IPython.display import clear_output
-        with self.out:
-            clear_output(wait=True)
-            print(self.view.text())
-            try:
-                show_figures(self.view.figures(self.token.value, self.head.value))
-            except Exception as e:  # e.g. a mis-marshaled case the oracle cannot read
-                print(f"figures unavailable: {type(e).__name__}: {e}")
+        # The output area's contents are set, not captured from a `with self.out:` block: nbclient
+        # (papermill) hung on figures captured into an Output widget made in the same cell, the
+        # explorer's first draw, so the notebooks' default (interactive) never finished there
+        self.out.outputs = ()
+        self.out.append_stdout(self.view.text() + "\n")
+        try:
+            # a plotly figure's own mime bundle: IPython's formatter hands figures to their
+            # _ipython_display_, which would show them outside the widget
+            figs = [{"output_type": "display_data", "data": fig._repr_mimebundle_(), "metadata": {}}
+                    for fig in self.view.figures(self.token.value, self.head.value).values()]
+            self.out.outputs += tuple(figs)
+        except Exception as e:  # e.g. a mis-marshaled case the oracle cannot read
+            self.out.append_stdout(f"figures unavailable: {type(e).__name__}: {e}\n")
         ok, line = report.outcome(self.view.rep)
         self.status.value = (f"<b>{_esc(self.view.case.case_id)}</b>: "
                              f"<span style='color:{'#1b5e20' if ok else '#b00020'}'>{'pass' if ok else _esc(line)}</span>"
