@@ -64,11 +64,16 @@ def to_sglang(case: Case) -> Case:
     if case.layout == "sglang":
         return case.clone()
     prefix = case.prefix_lens.long().tolist()
-    pieces, indptr = [], [0]
+    qo = case.qo_indptr.long().tolist()
+    pieces, tails, indptr = [], [], [0]
     for b, (ks, ke) in enumerate(_segments(case.kv_indptr)):
+        _require_cover(case, b, ke - ks, prefix[b], qo[b + 1] - qo[b])
         pieces.append(case.kv_indices[ks:ks + prefix[b]].long())
+        tails.append(case.kv_indices[ks + prefix[b]:ke].long())
         indptr.append(indptr[-1] + prefix[b])
-    loc = case.out_cache_loc.long()
+    # the draft's K/V are the rows the unified case attends to (its kv_indices' tails, as
+    # request_kv reads them), not out_cache_loc's: a case whose two disagree keeps its own answer
+    loc = torch.cat(tails) if tails else case.out_cache_loc.long()[:0]
     k = case.kv_buffer[loc].to(case.k.dtype)
     return case.clone(layout="sglang", k=k, v=k[..., : case.v_head_dim].clone(),
                       kv_indices=torch.cat(pieces).to(case.kv_indices.dtype),
@@ -77,6 +82,15 @@ def to_sglang(case: Case) -> Case:
 
 def to_layout(case: Case, layout: str) -> Case:
     return to_unified(case) if layout == "unified" else to_sglang(case)
+
+
+def _require_cover(case: Case, b: int, rows: int, p: int, n: int) -> None:
+    """ValueError unless request b's kv_indices cover what its layout says (prefix p, q_len n)."""
+    if rows != kv_indices_len(case.layout, p, n):
+        raise ValueError(f"request {b}: {rows} KV rows but prefix "
+                         f"{p} + q_len {n} = {p + n} columns to attend to (layout {case.layout!r}: "
+                         f"kv_indices must cover {KV_INDICES_COVER[case.layout]}; covering only the prefix "
+                         "is the seed's prefix-only bug); run `kdkit inspect` for the marshaling lint")
 
 
 def request_kv(case: Case, b: int):
@@ -91,11 +105,7 @@ def request_kv(case: Case, b: int):
     qs, qe = (int(x) for x in case.qo_indptr[b: b + 2])
     n = qe - qs
     p = prefix_of(case.layout, ke - ks, n) if case.layout == "sglang" else int(case.prefix_lens[b])
-    if ke - ks != kv_indices_len(case.layout, p, n):  # only the unified layout can break it
-        raise ValueError(f"request {b}: {ke - ks} KV rows but prefix "
-                         f"{p} + q_len {n} = {p + n} columns to attend to (layout {case.layout!r}: "
-                         f"kv_indices must cover {KV_INDICES_COVER[case.layout]}; covering only the prefix "
-                         "is the seed's prefix-only bug); run `kdkit inspect` for the marshaling lint")
+    _require_cover(case, b, ke - ks, p, n)  # only the unified layout can break it
     rows = case.kv_buffer[case.kv_indices[ks:ke].long(), 0]
     dv = case.v_head_dim
     if case.layout == "sglang":

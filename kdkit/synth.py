@@ -27,6 +27,8 @@ def _per_request(x, bs: int, name: str) -> list[int]:
 
 
 def _tree(kind: str, n: int, rng) -> list:
+    if n == 0 and kind in TREES:  # a request without draft tokens: no tree (its mask block is empty)
+        return []
     if kind == "chain" or kind == "causal":
         return trees.chain(n)
     if kind == "eagle":

@@ -4,10 +4,15 @@ from __future__ import annotations
 import inspect
 import os
 import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from kdkit import backends, replay, synth
+from kdkit.case import load
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "captured_tensors"
 
 
 @pytest.mark.parametrize("name", list(backends.BACKENDS))
@@ -113,3 +118,43 @@ def test_report_runs_the_oracle_once(monkeypatch, tmp_path, capsys):
     assert cli.main(["report", str(path), "--backends", "oracle,torch", "--out", str(out)]) == 0
     assert out.is_file() and "oracle probabilities" in out.read_text()
     assert calls == [{"with_cond": True, "with_scale": True}], f"oracle.run called {len(calls)} times: {calls}"
+
+
+# ---- found by a review (2026-12-02) --------------------------------------------------------------
+def test_triton_refuses_pool_indices_outside_the_pool():
+    """A case built in memory has not been through case.load's checks: a kv_indices entry past the
+    pool was Triton's address and crashed the process (a segfault under the interpreter)."""
+    from kdkit.backends import triton_sglang
+    from kdkit.case import CaseError
+    c = synth.make_case(bs=1, prefix=5, q_len=3, heads=1, seed=1)
+    c.kv_indices[2] = 100000
+    with pytest.raises(CaseError, match=r"field 'kv_indices': slots 0?\S*\.\.100000 for a pool of \d+ rows"):
+        triton_sglang._check_launchable(c)
+
+
+def test_a_unified_case_goes_to_the_sglang_layout_as_the_oracle_reads_it():
+    """to_sglang took the draft rows from out_cache_loc and only the prefix from kv_indices, so a
+    unified case that breaks its own rule (prefix-only kv_indices: the seed's bug) came out repaired
+    and Triton answered a case the oracle refuses; a tail that disagrees with out_cache_loc gave
+    Triton other draft rows than the oracle's."""
+    from kdkit import layout, oracle
+    case = layout.to_layout(synth.make_case(bs=2, prefix=[7, 30], q_len=[3, 5], heads=2, seed=4), "unified")
+    broken = load(DATA / "failures" / "prefix-only-kv-indices.pt")
+    with pytest.raises(ValueError, match="covering only the prefix is the seed's prefix-only bug"):
+        layout.to_sglang(broken)
+    # the tails are what the unified case attends to: swap two draft slots there only
+    ks = int(case.kv_indptr[0]) + int(case.prefix_lens[0])
+    case.kv_indices[ks], case.kv_indices[ks + 1] = case.kv_indices[ks + 1].clone(), case.kv_indices[ks].clone()
+    want, _ = oracle.run(case)
+    got, _ = oracle.run(layout.to_sglang(case))
+    assert np.array_equal(np.asarray(want), np.asarray(got))
+
+
+def test_a_request_without_draft_tokens_gets_an_empty_mask_block():
+    """chain(0), eagle(0) and ddtree(-1) are one-node trees: a q_len-0 request got a 1 x (p+1)
+    block, and the lint an error (mask-indptr-offsets) on a case synth made."""
+    from kdkit import lint
+    for tree in ("ddtree", "chain", "eagle", "diagonal"):
+        c = synth.make_case(bs=3, prefix=[4, 0, 6], q_len=[0, 3, 2], tree=tree, seed=2)
+        assert c.mask_indptr.tolist() == [0, 0, 9, 25], tree
+        assert not [f.code for f in lint.check(c) if f.severity == "error"], tree

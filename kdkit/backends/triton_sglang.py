@@ -79,6 +79,16 @@ def _check_launchable(case) -> None:
     if case.kv_indptr.numel() != bs + 1:
         raise CaseError("kv_indptr", f"{case.kv_indptr.numel()} entries for bs={bs}; the kernel reads "
                         "bs+1 (start and end of each request's prefix)")
+    # (a case built in memory has not been through case.load's checks: the pool indices are
+    # Triton's addresses, out of range they read outside the pool or fault)
+    kvp_end = int(case.kv_indptr[-1]) if case.kv_indptr.numel() else 0
+    if kvp_end > case.kv_indices.numel() or (case.kv_indptr.numel() and int(case.kv_indptr[0]) < 0):
+        raise CaseError("kv_indptr", f"ends at {kvp_end}, past kv_indices ({case.kv_indices.numel()} entries)")
+    used = case.kv_indices[:kvp_end]
+    rows = case.kv_buffer.shape[0]
+    if used.numel() and (int(used.min()) < 0 or int(used.max()) >= rows):
+        raise CaseError("kv_indices", f"slots {int(used.min())}..{int(used.max())} for a pool of {rows} rows; "
+                        "the kernel would read outside the pool")
     if case.custom_mask is None:
         return
     if case.mask_indptr.numel() < bs:
