@@ -81,8 +81,8 @@ def _check_launchable(case) -> None:
                         "bs+1 (start and end of each request's prefix)")
     # (a case built in memory has not been through case.load's checks: the pool indices are
     # Triton's addresses, out of range they read outside the pool or fault)
-    kvp_end = int(case.kv_indptr[-1]) if case.kv_indptr.numel() else 0
-    if kvp_end > case.kv_indices.numel() or (case.kv_indptr.numel() and int(case.kv_indptr[0]) < 0):
+    kvp_end = int(case.kv_indptr[-1])  # (bs + 1 entries: checked above)
+    if kvp_end > case.kv_indices.numel():
         raise CaseError("kv_indptr", f"ends at {kvp_end}, past kv_indices ({case.kv_indices.numel()} entries)")
     used = case.kv_indices[:kvp_end]
     rows = case.kv_buffer.shape[0]
