@@ -1,6 +1,10 @@
 """The warp-specialized step probe (ws_step.cu) against kdkit's kernel, on one GPU:
 
-    python3 benchmarks/probes/ws_step.py [--check-only] [--out FILE]
+    python3 benchmarks/probes/ws_step.py [--check-only | --variants | --profile] [--define NAME=VALUE] [--out FILE]
+
+It builds only kernels it generates its own inputs for (the unified layout, every column visible);
+it is a measurement of a design, not a backend: nothing in kdkit calls it. benchmarks/LOG.md has
+what it measured.
 
 1. Its build for sm_90 and sm_120: registers, spills, shared memory (sm_120's limits hold?).
 2. Correctness: its split partials (normalised fp32 rows and their LSE) against a float64 torch
