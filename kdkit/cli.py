@@ -526,13 +526,18 @@ def add_compile(p: argparse.ArgumentParser) -> None:
                         f"planner may choose ({', '.join(str(8 * n) for n in NT_CHOICES)})")
     p.add_argument("--mutant", default=None, choices=sorted(MUTANTS),
                    help="a deliberately wrong build (negative control) instead of the kernel (default: none)")
+    p.add_argument("--sass", default=None, metavar="DIR",
+                   help="also write each build's SASS to DIR/<build key>.sass (nvdisasm: the compile extra's "
+                        "nvidia-cuda-nvdisasm) and print its instruction counts per kernel (default: none)")
 
 
 def cmd_compile(args) -> int:
     """Compile kdkit's kernel for GPU archs without a GPU and print its resource use per kernel.
 
     Registers, shared memory, stack, spills, local memory; exit 1 if a build breaches sm_120's
-    limits (99 KB of shared memory, no spills, no wgmma/TMA) or fails."""
+    limits (99 KB of shared memory, no spills, no wgmma/TMA) or fails. With --sass, each build's
+    SASS too (a build's key names its source and options, so a file of that name holds the same
+    code and is left as it is)."""
     from .kernel import jit
     from .kernel.spec import GATHER_MAX_NT, NT_CHOICES, KernelConfig, compile_report
     archs = [a.strip() for a in args.arch.split(",") if a.strip()]
@@ -544,6 +549,15 @@ def cmd_compile(args) -> int:
     if limits["nvrtc"] is None:
         _err("NVRTC is not installed: `pip install cuda-bindings nvidia-cuda-nvrtc` (kdkit's 'compile' extra)")
         return EXIT_PROBLEM
+    if args.sass is not None:
+        from .kernel import sass
+        try:
+            sass.nvdisasm_path()  # before any build: a missing disassembler is one line, not one per build
+        except jit.BuildError as e:
+            _err(f"--sass: {e}")
+            return EXIT_PROBLEM
+        if Path(args.sass).exists() and not Path(args.sass).is_dir():
+            raise BadInput(f"--sass {args.sass}: not a folder; give a folder for the .sass files")
     # every block size the planner may choose (schedule.choose picks by shape: q_len 9 x H 8 =
     # 72 rows takes 40 rows per block at long KV, the build nearest sm_120's shared-memory limit,
     # and 8 at short KV), or the one --rows names; each without and with the step skip
@@ -564,7 +578,26 @@ def cmd_compile(args) -> int:
                 print(rep.table())
                 if rep.breaches():
                     worst = EXIT_PROBLEM
+                if args.sass is not None:
+                    worst = max(worst, _write_sass(Path(args.sass), arch, KernelConfig(nt=nt, mutant=args.mutant, skip=skip)))
     return worst
+
+
+def _write_sass(folder: Path, arch: str, config) -> int:
+    from .files import publish
+    from .kernel import jit, sass
+    from .kernel.spec import build
+    try:
+        mod = build(config, arch)  # (built just now: from the cache)
+        text = sass.disassemble(mod)
+    except jit.BuildError as e:
+        _err(str(e))
+        return EXIT_PROBLEM
+    path = publish(folder / f"{mod.key}.sass", text, exist_ok=True)
+    for name, counts in sass.opcode_counts(text).items():
+        print(f"  SASS {name}: {sass.summary(counts)}")
+    print(f"  SASS written to {path}")
+    return EXIT_OK
 
 
 def add_bench(p: argparse.ArgumentParser) -> None:
