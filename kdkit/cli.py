@@ -596,7 +596,7 @@ def _write_sass(folder: Path, arch: str, config) -> int:
     path = publish(folder / f"{mod.key}.sass", text, exist_ok=True)
     for name, counts in sass.opcode_counts(text).items():
         print(f"  SASS {name}: {sass.summary(counts)}")
-    print(f"  SASS written to {path}")
+    print(f"  SASS in {path}")
     return EXIT_OK
 
 
