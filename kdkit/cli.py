@@ -418,7 +418,8 @@ def add_synth(p: argparse.ArgumentParser) -> None:
     from .constants import LAYOUTS
     from .synth import KIMI_HEADS_PER_RANK, KIMI_SM_SCALE, TREES
     p.add_argument("--out", required=True, metavar="PATH", type=Path, help="case file to write (.pt)")
-    p.add_argument("--bs", type=_number(int, 1), default=None,
+    # bounded before the memory estimate, which lists every request (no batch comes near 2^20)
+    p.add_argument("--bs", type=_number(int, 1, 1 << 20), default=None,
                    help="requests in the batch (default: the length of a --prefix/--q-len list, else 1)")
     p.add_argument("--prefix", type=_int_list(0), default="21",
                    help="committed prefix length, one for all requests or a comma list, one per request")
@@ -427,10 +428,12 @@ def add_synth(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heads", type=_number(int, 1), default=KIMI_HEADS_PER_RANK,
                    help="query heads on this rank (Kimi K2.6: 64 heads / TP8)")
     p.add_argument("--tree", choices=TREES, default="ddtree", help="draft tree shape (causal: no custom mask)")
-    p.add_argument("--seed", type=_number(int, 0), default=0, help="random seed of the tree and the tensors")
+    # torch's generators take a 64-bit seed
+    p.add_argument("--seed", type=_number(int, 0, 2**64 - 1), default=0, help="random seed of the tree and the tensors")
     p.add_argument("--layout", choices=LAYOUTS, default="sglang",
                    help="sglang: indices cover the prefix, draft from k/v; unified: prefix + draft slots in the pool")
-    p.add_argument("--magnitude", type=_number(float, 0, lo_open=True), default=1.0,
+    # the bound keeps q (and q . k in fp32) finite: past it the case is all inf, refused when loaded
+    p.add_argument("--magnitude", type=_number(float, 0, 1e6, lo_open=True), default=1.0,
                    help="scale of q; 8..30 stresses the online softmax")
     p.add_argument("--logit-cap", type=_number(float, 0), default=0.0, help="soft cap of the logits, 0 for none")
     p.add_argument("--sm-scale", type=_number(float, 0, lo_open=True), default=KIMI_SM_SCALE,
@@ -558,6 +561,12 @@ def cmd_compile(args) -> int:
             return EXIT_PROBLEM
         if Path(args.sass).exists() and not Path(args.sass).is_dir():
             raise BadInput(f"--sass {args.sass}: not a folder; give a folder for the .sass files")
+        try:  # made here, before any build, so a folder that cannot be written is one line up front
+            Path(args.sass).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise BadInput(f"--sass {args.sass}: cannot make the folder ({e.strerror}); give a folder you can write")
+        if not os.access(args.sass, os.W_OK | os.X_OK):
+            raise BadInput(f"--sass {args.sass}: the folder is not writable; give a folder you can write")
     # every block size the planner may choose (schedule.choose picks by shape: q_len 9 x H 8 =
     # 72 rows takes 40 rows per block at long KV, the build nearest sm_120's shared-memory limit,
     # and 8 at short KV), or the one --rows names; each without and with the step skip

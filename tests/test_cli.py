@@ -73,6 +73,10 @@ REFUSED = {
     "synth-magnitude-0": (["synth", "--out", "c.pt", "--magnitude", "0"], 2, r"^kdkit synth: argument --magnitude: 0: want > 0"),
     "synth-seed-neg": (["synth", "--out", "c.pt", "--seed", "-1"], 2, r"^kdkit synth: argument --seed: -1: want >= 0"),
     "synth-bs-0": (["synth", "--out", "c.pt", "--bs", "0"], 2, r"^kdkit synth: argument --bs: 0: want >= 1"),
+    # a batch too large to list for the memory estimate, a seed past 64 bits, a q that overflows bf16
+    "synth-bs-huge": (["synth", "--out", "c.pt", "--bs", "1" + "0" * 21], 2, r"^kdkit synth: argument --bs: 10+: want <= 1048576"),
+    "synth-seed-65-bits": (["synth", "--out", "c.pt", "--seed", str(2**64)], 2, r"^kdkit synth: argument --seed: \d+: want <= 18446744073709551615"),
+    "synth-magnitude-huge": (["synth", "--out", "c.pt", "--magnitude", "1e38"], 2, r"^kdkit synth: argument --magnitude: 1e38: want <= 1000000"),
     "synth-prefix-neg": (["synth", "--out", "c.pt", "--prefix", "-5"], 2, r"^kdkit synth: argument --prefix: -5: want >= 0"),
     "synth-tree-bogus": (["synth", "--out", "c.pt", "--tree", "bogus"], 2, r"^kdkit synth: argument --tree: invalid choice"),
     "synth-lengths": (["synth", "--out", "c.pt", "--prefix", "1,2", "--q-len", "1,2,3"], 2, r"^kdkit: --prefix has 2 values and --q-len 3"),

@@ -93,6 +93,17 @@ def test_compile_sass_into_a_file_exits_2(capsys, tmp_path):
     assert rc == 2 and "not a folder" in err and f.read_text() == "mine"
 
 
+@needs_nvrtc
+@needs_nvdisasm
+def test_compile_sass_folder_that_cannot_be_made_exits_2_before_any_build(capsys, tmp_path):
+    """A folder under a file cannot be made: one line naming --sass, and no build's table first."""
+    f = tmp_path / "afile"
+    f.write_text("mine")
+    rc, out, err = run(capsys, "compile", "--arch", "sm_120", "--rows", "8", "--sass", f / "sub")
+    assert rc == 2 and "--sass" in err and "cannot make the folder" in err
+    assert "kd_mla_tc_partial" not in out and f.read_text() == "mine"
+
+
 def test_nvdisasm_missing_everywhere_names_the_wheel(monkeypatch):
     try:
         from cuda import pathfinder
