@@ -291,7 +291,7 @@ def validate(case: Case, path=None) -> None:
     if Dv != Dl:
         raise CaseError("v_head_dim", f"MLA reads values from the latent: v_head_dim {Dv} must equal kv_lora_rank {Dl}", path)
     if not (case.sm_scale > 0 and case.sm_scale < 1e4):  # also refuses NaN
-        raise CaseError("sm_scale", f"{case.sm_scale} is not a positive softmax scale", path)
+        raise CaseError("sm_scale", f"{case.sm_scale} is not a softmax scale: want 0 < sm_scale < 1e4 (Kimi K2.6: 0.144680)", path)
     if not math.isfinite(case.logit_cap) or case.logit_cap < 0:
         raise CaseError("logit_cap", f"{case.logit_cap} must be finite and >= 0; use 0.0 for no cap", path)
     D = Dl + Dr

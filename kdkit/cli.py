@@ -410,6 +410,9 @@ def cmd_report(args) -> int:
     except OSError as e:
         raise BadInput(f"{out}: reports not written ({e})")
     print(f"reports: {index} ({len(done.reports)} case pages, {len(done.stopped)} not replayed)")
+    if index.name != "index.html":
+        print(f"note: {index.parent / 'index.html'} and the pages already there are kept; this run's files have "
+              "timestamped names (--force replaces them)")
     return done.rc
 
 
@@ -692,6 +695,9 @@ def main(argv: list[str] | None = None) -> int:
         where = f"{e.filename}: " if e.filename else ""
         _err(f"{where}{e.strerror or e}")
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:  # Ctrl-C: one line, the shell's usual status (a report half-written is a temp file)
+        _err("interrupted")
+        return 130
 
 
 if __name__ == "__main__":

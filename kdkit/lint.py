@@ -195,7 +195,7 @@ def check_params(ctx: _Ctx) -> Iterator[Finding]:
                       "Set num_heads to the heads of one TP rank (q.shape[1]; Kimi K2.x at TP8: 8).")
     sc = getattr(c, "sm_scale", None)
     if isinstance(sc, bool) or not isinstance(sc, (int, float)) or not (0 < sc < 1e4):
-        yield Finding("param-invalid", "error", "sm_scale", f"sm_scale is {sc!r}, not a positive softmax scale",
+        yield Finding("param-invalid", "error", "sm_scale", f"sm_scale is {sc!r}, not a softmax scale (0 < sm_scale < 1e4)",
                       "Capture layer.scaling (Kimi K2.6: 192**-0.5 * mscale**2 = 0.144680).")
     cap = getattr(c, "logit_cap", None)
     if isinstance(cap, bool) or not isinstance(cap, (int, float)) or cap < 0:

@@ -205,6 +205,9 @@ def replay(case, backends: str | Iterable[str], against: str = "oracle", run_lin
         # a case the reference cannot even read (a marshaling bug): no number can be judged;
         # every row says so and the lint findings say why
         errors["oracle"] = f"{type(e).__name__}: {e}".splitlines()[0][:500]
+        if lint_errors:  # the raw error is the symptom; the lint names the field and the fix
+            fields = ", ".join(dict.fromkeys(f"'{f.field}'" for f in lint_errors))
+            errors["oracle"] += f" (the lint's errors name field {fields}: their fixes are below)"
         if against == "oracle":
             why = "not judged: the oracle could not run this case (its row says why; see the lint)"
             return report([Row(n, "error", None, 0.0, {}, errors["oracle"] if n == "oracle" else why)

@@ -293,12 +293,12 @@ def _figures(rep, case=None) -> tuple[list, str | None]:
 def free_path(path: str | os.PathLike, force: bool = False) -> Path:
     """`path`, or when it exists (and not force) the same name with a timestamp suffix."""
     path = Path(path)
-    if force or not path.exists():
+    if force or not os.path.lexists(path):  # lexists: a dangling link is a name taken too
         return path
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     cand = path.with_name(f"{path.stem}-{stamp}{path.suffix}")
     n = 2
-    while cand.exists():
+    while os.path.lexists(cand):
         cand = path.with_name(f"{path.stem}-{stamp}-{n}{path.suffix}")
         n += 1
     return cand

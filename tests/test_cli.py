@@ -637,3 +637,34 @@ def test_a_markdown_report_keeps_a_hostile_case_id_inside_its_text(capsys, tmp_p
     assert not any("<img" in ln for ln in outside), [ln for ln in outside if "<img" in ln]
     heads = [ln for ln in text.splitlines() if ln.startswith("## ")]
     assert any("x ``` &lt;img" in h for h in heads), heads
+
+
+def test_report_beside_a_dangling_link_takes_a_timestamped_name(capsys, tmp_path):
+    """A link to nowhere is a name taken: the report goes beside it (as beside a file), not lost."""
+    link = tmp_path / "r.html"
+    link.symlink_to(tmp_path / "nowhere.html")
+    rc, out, err = run(capsys, "report", SEED, "--backends", "torch", "-o", link)
+    assert rc == 0, err
+    written = [p for p in tmp_path.glob("r-*.html")]
+    assert len(written) == 1 and link.is_symlink() and not (tmp_path / "nowhere.html").exists()
+
+
+def test_report_dir_run_twice_keeps_the_first_and_says_so(capsys, tmp_path):
+    pages = tmp_path / "pages"
+    assert run(capsys, "report", SEED, "--backends", "torch", "-o", pages)[0] == 0
+    first = (pages / "index.html").read_text()
+    rc, out, err = run(capsys, "report", SEED, "--backends", "torch", "-o", pages)
+    assert rc == 0, err
+    assert "index.html and the pages already there are kept" in out
+    assert (pages / "index.html").read_text() == first and len(list(pages.glob("index-*.html"))) == 1
+
+
+def test_ctrl_c_is_one_line_and_status_130(capsys, monkeypatch, tmp_path):
+    import kdkit.cli as cli
+
+    def interrupted(args):
+        """Ctrl-C in the middle of a command"""
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "COMMANDS", [(n, a, interrupted if n == "synth" else h) for n, a, h in cli.COMMANDS])
+    rc, out, err = run(capsys, "synth", "--out", tmp_path / "c.pt")
+    assert rc == 130 and err.strip() == "kdkit: interrupted" and not (tmp_path / "c.pt").exists()

@@ -191,6 +191,8 @@ def test_a_case_the_oracle_cannot_read_gives_error_rows_and_the_lint():
         assert rep.row("oracle").reason.startswith("ValueError: ")
         if importlib.util.find_spec("kdkit.lint") is not None:
             assert any(f.severity == "error" for f in rep.lint), rep.lint
+            # the raw error is the symptom: the row also names the field the lint finds at fault
+            assert "the lint's errors name field '" in rep.row("oracle").reason
         assert "error" in rep.table()
 
 
