@@ -453,8 +453,8 @@ def check_values(case: Case, path=None) -> None:
             where = (f"pool row {int(rows[at[0]])} (read through kv_indices), dim {at[-1]}" if name == "kv_buffer"
                      else f"token {at[0]}, {'head ' + str(at[1]) + ', ' if name == 'q' else ''}dim {at[-1]}")
             raise CaseError(name, f"NaN/inf at {where}: the kernel would read it and no answer is defined. "
-                            "To look at such a capture anyway: kdkit.case.load(path, allow_nonfinite=True) "
-                            "(the lint then names every bad row)", path)
+                            "To look at such a capture anyway: `kdkit inspect --allow-nonfinite PATH`, or "
+                            "kdkit.case.load(path, allow_nonfinite=True) (the lint then names every bad row)", path)
 
 
 def load(path: str | os.PathLike, allow_nonfinite: bool = False) -> Case:

@@ -90,7 +90,8 @@ def case_files(paths) -> list[Path]:
         if p.is_dir():
             if not os.access(p, os.R_OK | os.X_OK):  # rglob would skip it silently
                 raise BadInput(f"{p}: a directory this user cannot read")
-            found = sorted(f for f in p.rglob("*.pt") if f.is_file())
+            # a link to nowhere is listed too: it is said (cannot load), not skipped in silence
+            found = sorted(f for f in p.rglob("*.pt") if f.is_file() or (f.is_symlink() and not f.exists()))
             if not found:
                 raise BadInput(f"{p}: a directory with no case files (*.pt) in it")
             files += found
@@ -101,18 +102,18 @@ def case_files(paths) -> list[Path]:
     return list(dict.fromkeys(files))
 
 
-def _read(path):
+def _read(path, allow_nonfinite: bool = False):
     """(case, None), or (None, why) in one line for a file that cannot be used as a case."""
     from .case import CaseError, load
     try:
-        return load(path), None
+        return load(path, allow_nonfinite=allow_nonfinite), None
     except (CaseError, OSError) as e:
         return None, f"cannot load case: {e}"
 
 
-def _load(path):
+def _load(path, allow_nonfinite: bool = False):
     """The case at `path`, or None after saying (one line, no traceback) why it cannot be used."""
-    case, why = _read(path)
+    case, why = _read(path, allow_nonfinite)
     if why:
         _err(why)
     return case
@@ -178,6 +179,9 @@ class _Progress:
 # ---- inspect -----------------------------------------------------------------------------------
 def add_inspect(p: argparse.ArgumentParser) -> None:
     p.add_argument("cases", nargs="+", metavar="CASE", help="case files (.pt) and directories of them")
+    p.add_argument("--allow-nonfinite", action="store_true",
+                   help="load a capture that holds NaN/inf where the kernel reads, to see it and its lint "
+                        "(replay refuses such a case: no answer is defined)")
 
 
 def cmd_inspect(args) -> int:
@@ -189,7 +193,7 @@ def cmd_inspect(args) -> int:
     for i, path in enumerate(case_files(args.cases)):
         if i:
             print()
-        case = _load(path)
+        case = _load(path, args.allow_nonfinite)
         if case is None:
             rc = EXIT_BAD_INPUT
             continue

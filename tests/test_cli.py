@@ -668,3 +668,25 @@ def test_ctrl_c_is_one_line_and_status_130(capsys, monkeypatch, tmp_path):
     monkeypatch.setattr(cli, "COMMANDS", [(n, a, interrupted if n == "synth" else h) for n, a, h in cli.COMMANDS])
     rc, out, err = run(capsys, "synth", "--out", tmp_path / "c.pt")
     assert rc == 130 and err.strip() == "kdkit: interrupted" and not (tmp_path / "c.pt").exists()
+
+
+def test_inspect_allow_nonfinite_shows_a_nan_capture_and_its_lint(capsys, tmp_path):
+    """A capture with NaN in q is refused by default (no answer is defined), and the refusal names
+    the flag that shows it: nothing captured is out of reach."""
+    case = make_case()
+    q = case.q.clone()
+    q[0, 0, 0] = float("nan")
+    path = case.clone(q=q).save(tmp_path / "nan.pt")
+    rc, out, err = run(capsys, "inspect", path)
+    assert rc == 2 and "--allow-nonfinite" in err
+    rc, out, err = run(capsys, "inspect", "--allow-nonfinite", path)
+    assert rc == 1 and "nonfinite-input [q]" in out
+
+
+def test_inspect_dir_names_a_dangling_case_link(capsys, tmp_path):
+    d = tmp_path / "caps"
+    d.mkdir()
+    make_case().save(d / "a.pt")
+    (d / "gone.pt").symlink_to(tmp_path / "nowhere.pt")
+    rc, out, err = run(capsys, "inspect", d)
+    assert rc == 2 and "gone.pt" in err
