@@ -12,6 +12,7 @@ strides, storage), so every such lie is refused with a CaseError naming the file
 from __future__ import annotations
 
 import io
+import pickle
 import pickletools
 import zipfile
 from dataclasses import dataclass
@@ -91,6 +92,9 @@ def _pickle_objects(data: bytes, path):
 
     for op, arg, _pos in ops:
         name = op.name
+        if name == "PROTO" and not 2 <= arg <= pickle.HIGHEST_PROTOCOL:  # torch.save writes 2..5
+            _fail(path, "<pickle>", f"data.pkl declares pickle protocol {arg}; torch.save writes 2 to "
+                  f"{pickle.HIGHEST_PROTOCOL}: the file is damaged or was not written by torch")
         if name in ("PROTO", "FRAME"):
             continue
         if name in ("EMPTY_DICT",):

@@ -325,3 +325,24 @@ def test_an_unknown_part_or_parameter_is_refused_not_dropped(saved, tmp_path, pa
 def test_a_directory_is_not_a_missing_file(tmp_path):
     with pytest.raises(IsADirectoryError, match="a directory; give one case file"):
         load(tmp_path)
+
+
+def test_a_pickle_protocol_torch_never_writes_is_refused_by_kdkit_not_warned_by_torch(tmp_path, recwarn):
+    """A damaged protocol byte is said as the file's fault in one CaseError, before torch reads it
+    (torch would print a multi-line warning and go on)."""
+    import zipfile
+
+    from kdkit.case import CaseError, load
+    from kdkit.synth import make_case
+    good = make_case().save(tmp_path / "good.pt")
+    bad = tmp_path / "bad.pt"
+    with zipfile.ZipFile(good) as zin, zipfile.ZipFile(bad, "w", zipfile.ZIP_STORED) as zout:
+        for info in zin.infolist():
+            data = zin.read(info)
+            if info.filename.endswith("data.pkl"):
+                assert data[0] == 0x80
+                data = data[:1] + bytes([107]) + data[2:]
+            zout.writestr(info, data)
+    with pytest.raises(CaseError, match="protocol 107"):
+        load(bad)
+    assert not [w for w in recwarn if "pickle protocol" in str(w.message)]
