@@ -439,7 +439,7 @@ def add_synth(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=_number(int, 0, 2**64 - 1), default=0, help="random seed of the tree and the tensors")
     p.add_argument("--layout", choices=LAYOUTS, default="sglang",
                    help="sglang: indices cover the prefix, draft from k/v; unified: prefix + draft slots in the pool")
-    # the bound keeps q (and q . k in fp32) finite: past it the case is all inf, refused when loaded
+    # a generous bound (8..30 is the stress range): far past it q overflows bf16 and the case is refused when loaded
     p.add_argument("--magnitude", type=_number(float, 0, 1e6, lo_open=True), default=1.0,
                    help="scale of q; 8..30 stresses the online softmax")
     p.add_argument("--logit-cap", type=_number(float, 0), default=0.0, help="soft cap of the logits, 0 for none")
