@@ -511,7 +511,7 @@ class CudaKernel:
                     f"{dims} at {_show_problem(prob)}; each dim in 1..{lim}")
         require(block[0] * block[1] * block[2] <= 1024, f"{lc.entry}.block", f"{block}: more than 1024 threads")
         fn = raw.get_function(lc.entry)
-        cap = torch.cuda.get_device_properties(dev).shared_memory_per_block_optin
+        cap = getattr(torch.cuda.get_device_properties(dev), "shared_memory_per_block_optin", 48 * 1024)
         require(0 <= smem <= cap, f"{lc.entry}.smem", f"{smem} B at {_show_problem(prob)}; this GPU allows {cap} B")
         if smem > 48 * 1024:
             fn.max_dynamic_shared_size_bytes = smem
