@@ -515,7 +515,8 @@ class CudaKernel:
         require(0 <= smem <= cap, f"{lc.entry}.smem", f"{smem} B at {_show_problem(prob)}; this GPU allows {cap} B")
         if smem > 48 * 1024:
             fn.max_dynamic_shared_size_bytes = smem
-        return _Bound(lc.entry, driver.CUfunction(fn.ptr), grid, block, smem, len(lc.args))
+        # RawKernel.kernel is the loaded cupy Function; its ptr is the driver's CUfunction handle
+        return _Bound(lc.entry, driver.CUfunction(fn.kernel.ptr), grid, block, smem, len(lc.args))
 
 
 def _show(choices) -> str:
