@@ -617,15 +617,15 @@ def _write_sass(folder: Path, arch: str, config) -> int:
 
 
 def add_bench(p: argparse.ArgumentParser) -> None:
-    from .bench import add_arguments
+    from .perf.bench import add_arguments
     add_arguments(p)
 
 
 def cmd_bench(args) -> int:
     """Benchmark kdkit's kernel beside SGLang's Triton kernels and torch on this GPU, against the
     measured roofline; write benchmarks/results/<gpu>-<date>.json and print the summary table."""
-    from .bench import main as bench_main
-    return bench_main(args)
+    from .perf.bench import run
+    return run(args)
 
 
 # ---- the table of subcommands --------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Plotly figures over what kdkit.compare, kdkit.oracle, kdkit.replay and kdkit.bench_results
+"""Plotly figures over what kdkit.compare, kdkit.oracle, kdkit.replay and kdkit.perf.results
 already computed. Every figure is a function of a case, a replay report or a bench results dict.
 
     metrics_bar(report)                          max_abs / mean_abs / limit per backend
@@ -354,7 +354,7 @@ def metrics_bar(report) -> go.Figure:
                    barmode="group", yaxis_type="log", yaxis_title=f"|diff| vs {report.against}")
 
 
-# ---- bench figures (kdkit.bench_results dicts) ------------------------------------------------
+# ---- bench figures (kdkit.perf.results dicts) ------------------------------------------------
 METRIC_NAMES = {"gbps": "GB/s", "roofline_frac": "fraction of roofline", "us": "time (us)"}
 
 
@@ -367,7 +367,7 @@ def nsplit_heatmap(results: dict, metric: str = "gbps", bs: int = 1, q_len: int 
     """The CUDA kernel's NSPLIT (y) x prefix length (x) grid of `metric` ("gbps", "roofline_frac"
     or "us"), one shape (bs, q_len, heads): the swept NSPLITs and, boxed in red, the one the kernel
     chose by itself at each prefix (its own row when it is not among the swept ones)."""
-    from . import bench_results as br
+    from .perf import results as br
     bs, q_len, heads = br.pick_shape(results, bs, q_len, heads).values()
     sel = dict(backend="cuda", bs=bs, q_len=q_len, heads=heads, graph=graph)
     swept, auto = br.select(results, nsplit_auto=False, **sel), br.select(results, nsplit_auto=True, **sel)
@@ -400,7 +400,7 @@ def nsplit_heatmap(results: dict, metric: str = "gbps", bs: int = 1, q_len: int 
 def nsplit_lines(results: dict, bs: int = 1, q_len: int | None = None, heads: int | None = None,
                  graph: bool = False) -> go.Figure:
     """GB/s against the prefix length, one line per NSPLIT, the automatic choice as its own line."""
-    from . import bench_results as br
+    from .perf import results as br
     bs, q_len, heads = br.pick_shape(results, bs, q_len, heads).values()
     rows = br.select(results, backend="cuda", bs=bs, q_len=q_len, heads=heads, graph=graph)
     if not rows:
@@ -429,19 +429,19 @@ def backends_vs_prefix(results: dict, bs: int = 1, q_len: int | None = None, hea
                        metric: str = "us") -> go.Figure:
     """Every backend on the same shapes: time (or GB/s) against the prefix length; for the CUDA
     kernel its automatic NSPLIT, eager launches."""
-    from . import bench_results as br
+    from .backends import label
+    from .perf import results as br
     bs, q_len, heads = br.pick_shape(results, bs, q_len, heads).values()
     fig = go.Figure()
     shape = None
-    for be in br.BACKENDS:
+    for be in dict.fromkeys(r["backend"] for r in results["rows"]):
         rows = br.select(results, backend=be, bs=bs, q_len=q_len, heads=heads, graph=False)
-        if be == "cuda":
-            rows = [r for r in rows if r["nsplit_auto"]]
+        rows = [r for r in rows if r["nsplit_auto"] or r.get("nsplit") is None]  # its automatic choice
         rows = sorted(rows, key=lambda r: r["prefix"])
         if rows:
             shape = shape or br.shape_text(rows[0])
             fig.add_trace(go.Scatter(x=[r["prefix"] for r in rows], y=[r[metric] for r in rows],
-                                     mode="lines+markers", name=br.BACKENDS[be]))
+                                     mode="lines+markers", name=label(be)))
     floor = sorted(br.select(results, backend="cuda", bs=bs, q_len=q_len, heads=heads, graph=False,
                              nsplit_auto=True), key=lambda r: r["prefix"])
     if metric == "us" and floor:
@@ -457,7 +457,7 @@ def backends_vs_prefix(results: dict, bs: int = 1, q_len: int | None = None, hea
 
 def graph_replay(results: dict, bs: int = 1, q_len: int | None = None, heads: int | None = None) -> go.Figure:
     """The CUDA kernel at its automatic NSPLIT: eager launches against CUDA graph replay."""
-    from . import bench_results as br
+    from .perf import results as br
     bs, q_len, heads = br.pick_shape(results, bs, q_len, heads).values()
     fig = go.Figure()
     shape = None

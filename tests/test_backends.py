@@ -158,3 +158,15 @@ def test_a_request_without_draft_tokens_gets_an_empty_mask_block():
         c = synth.make_case(bs=3, prefix=[4, 0, 6], q_len=[0, 3, 2], tree=tree, seed=2)
         assert c.mask_indptr.tolist() == [0, 0, 9, 25], tree
         assert not [f.code for f in lint.check(c) if f.severity == "error"], tree
+
+
+def test_prepare_declares_the_options_of_run():
+    """The contract: a backend's prepare takes the same declared options as its run (the bench
+    sweeps and passes them to prepare), and every registered backend has a label."""
+    import inspect
+    for name in backends.BACKENDS:
+        mod = backends.get(name)
+        assert backends.label(name)
+        if hasattr(mod, "prepare"):
+            opts = {p.name: p.default for p in inspect.signature(mod.prepare).parameters.values() if p.name != "case"}
+            assert opts.keys() == backends.options(name).keys(), name

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kdkit import bench, bench_results, shapes
+from kdkit import shapes
+from kdkit.perf import bench, results as bench_results
 from kdkit.cli import main
 
 RESULTS = sorted(Path(bench.RESULTS).glob("*.json"))
@@ -187,7 +188,7 @@ def test_slices_combine_into_one_run(tmp_path):
     for name, change in (("other-driver.json", {"driver": "1.0"}), ("day-before.json", {"date": "2026-01-01T00:00:00+00:00"})):
         (tmp_path / name).write_text(json.dumps(dict(b, **change, rows=b["rows"][:1])))
     assert bench_results.latest(tmp_path) == [pa, pb]
-    res, source = bench_results.obtain(live=False, results_path=[pa, pb])
+    res, source = bench.obtain(live=False, results_path=[pa, pb])
     assert res["rows"] == both["rows"] and "a.json, b.json" in source
 
 
@@ -365,28 +366,6 @@ def test_readme_table_rounds_once_and_marks_the_automatic_choice():
     assert lines[3] == "| 1 x 1K, 9 | 0.04 | 14.5 (0.3%) | 16.0 | 14.6 (32; auto 11) | 184 | 25.5 | 1469 |"
 
 
-def test_decode_per_node_indices_are_each_nodes_attention():
-    """The Triton decode baseline's indices (one query per tree node): attention of each node over
-    its own index list, in float64, is the oracle's output for that node, in both layouts, on a
-    ragged batch with a branching tree (a node seeing a sibling, or missing an ancestor, differs)."""
-    import numpy as np
-
-    from kdkit import layout, oracle
-    base = shapes.make_case({"bs": 3, "prefix": [0, 40, 300], "q_len": [9, 1, 17], "heads": 2,
-                             "tree": "ddtree", "seed": 3})
-    for case in (base, layout.to_layout(base, "unified")):
-        ref, _ = oracle.run(case)
-        indptr, idx = bench.decode_per_node_indices(case)
-        u = layout.to_unified(case)
-        assert indptr.dtype == idx.dtype == torch.int64 and len(indptr) == case.num_tokens + 1
-        kv = u.kv_buffer[:, 0].double()
-        for t in range(case.num_tokens):
-            rows = kv[idx[indptr[t]:indptr[t + 1]]]
-            s = u.q[t].double() @ rows.T * case.sm_scale          # [H, n]
-            out = torch.softmax(s, dim=-1) @ rows[:, :512]
-            np.testing.assert_allclose(out.numpy(), ref[t], rtol=1e-9, atol=1e-12)
-
-
 def test_a_run_cut_short_keeps_the_shapes_it_measured(tmp_path, monkeypatch, capsys):
     """On the H200 a CUDA fault at the 83rd shape of the grid once took the whole run with it. The
     results file is now rewritten after every shape: a fault keeps the shapes before it, marked
@@ -448,11 +427,11 @@ def test_a_cuda_row_names_the_build_that_ran():
     assert "sm_mhz" not in bench._row("cuda", shape, 25.0, ceil, 1, clock={})
 
 
-# ---- the SM clock and power beside each row (kdkit/clocks.py) ---------------------------------------
+# ---- the SM clock and power beside each row (kdkit/perf/clocks.py) ---------------------------------------
 def test_clock_lines_and_windows():
     """nvidia-smi's csv lines parsed (power may read [N/A]); a row gets the medians of the samples
     taken while it was timed, nothing where none fell in its window."""
-    from kdkit import clocks
+    from kdkit.perf import clocks
     assert clocks.parse("1980, 312.45\n") == (1980.0, 312.45)
     assert clocks.parse("1755, [N/A]") == (1755.0, None)
     assert clocks.parse("No devices were found") is None and clocks.parse("[N/A], 300") is None
@@ -468,7 +447,7 @@ def test_clock_lines_and_windows():
 
 def test_clock_sampler_without_nvidia_smi_samples_nothing(monkeypatch):
     """Where nvidia-smi is not on PATH the run goes on and its rows carry no clock."""
-    from kdkit import clocks
+    from kdkit.perf import clocks
     monkeypatch.setenv("PATH", "")
     with clocks.ClockSampler() as s:
         pass
@@ -480,9 +459,118 @@ def test_clock_sampler_reads_the_gpu():
     """On a GPU host: samples arrive (nvidia-smi for the torch device, by UUID) with a clock."""
     import time
 
-    from kdkit import clocks
+    from kdkit.perf import clocks
     with clocks.ClockSampler(clocks.gpu_id(torch.device("cuda"))) as s:
         t0 = time.monotonic()
         time.sleep(0.5)
         w = s.window(t0, time.monotonic())
     assert w.get("sm_mhz", 0) > 0, (s.samples[:3], w)
+
+
+# ---- correctness before timing ----------------------------------------------------------------------
+class CountingTimer:
+    """Stands in for the GPU timer on this CPU machine: calls what it is asked to time once and
+    counts it, so that a test sees what was timed (CUDA events need a GPU)."""
+
+    def __init__(self):
+        self.timed = 0
+
+    def us(self, fn, reps=None, budget_s=1.0):
+        fn()
+        self.timed += 1
+        return 100.0
+
+    def host_us(self, fn, reps=20):
+        fn()
+        return 10.0
+
+
+def _wrong_backend(monkeypatch):
+    """A backend registered like any other whose output is the torch backend's with one token's
+    output shifted: a wrong kernel."""
+    import sys
+    import types
+
+    from kdkit import backends
+    from kdkit.backends import torch_ref
+    mod = types.ModuleType("kdkit_test_wrong_backend")
+    mod.NAME = "wrong"
+
+    def unavailable(case=None):
+        return None
+
+    def prepare(case, *, device=None):
+        p = torch_ref.prepare(case, device=device)
+
+        def result():
+            r = p.result()
+            out = r.out.clone()
+            out[0] += 0.5 * out.abs().max()  # one token's 512 dims, every head
+            return backends.Result(out, r.lse, {**r.info, "ran": "a deliberately wrong backend"})
+        return backends.Prepared(p.launch, result, False, {})
+
+    def run(case, *, device=None):
+        p = prepare(case, device=device)
+        p.launch()
+        return p.result()
+    mod.unavailable, mod.prepare, mod.run = unavailable, prepare, run
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    monkeypatch.setitem(backends.BACKENDS, "wrong", mod.__name__)
+
+
+@pytest.mark.parametrize("oracle_max", [None, 0], ids=["against-oracle", "against-torch"])
+def test_a_wrong_backend_gets_a_fail_row_and_no_time(monkeypatch, oracle_max):
+    """Before a (backend, shape) is timed its output is judged: the wrong backend's row is FAIL
+    with the verdict line and carries no time (nothing timed), the torch backend's passes and is
+    timed; against the float64 oracle, and against the torch backend where the oracle is too
+    costly (oracle_max 0). The results file check takes both rows."""
+    from kdkit.perf import correctness
+    _wrong_backend(monkeypatch)
+    shape = bench.Shape(2, 40, 9, 2, "ddtree", 1)
+    case = bench.make_case(shape)
+    ref = correctness.Reference(case, device="cpu", **({} if oracle_max is None else {"oracle_max_scores": oracle_max}))
+    timer = CountingTimer()
+    grid = bench.Grid("cpu", timer, {"copy_gbps": 4000.0, "mma_tflops": 600.0})
+    [bad] = grid.backend("wrong", shape, case, ref)
+    assert timer.timed == 0 and "us" not in bad and "roofline_frac" not in bad
+    against = "the float64 oracle" if oracle_max is None else "the torch backend (fp32) on cpu"
+    assert bad["verdict"].startswith(f"FAIL against {against}: ") and "max_abs" in bad["verdict"]
+    good = grid.backend("torch", shape, case, ref)
+    assert timer.timed == 1 and good[0]["us"] == 100.0 and good[0]["verdict"].startswith(f"PASS against {against}")
+    assert good[0]["nsplit_auto"] and good[0]["nsplit"] >= 1 and good[0]["host_us"] == 10.0
+    res = {"gpu": "cpu", "date": "2026-12-03T00:00:00+00:00", "sms": 0, "copy_gbps": 4000.0,
+           "mma_tflops": 600.0, "rows": [bad, *good]}
+    assert bench_results.check(res) is res and bench_results.timed(res) == good
+    text = bench.summary(res)
+    assert bad["nsplit"] is None and f"wrong 2x40 q9 H2: {bad['verdict']}" in text
+    assert "wrong = wrong" in text and "torch = PyTorch eager" in text
+
+
+def test_a_fail_row_with_a_time_is_refused():
+    row = {"backend": "wrong", "bs": 1, "prefix": 21, "q_len": 9, "heads": 8, "nsplit": None,
+           "nsplit_auto": False, "graph": False, "us": 3.0, "floor_us": 0.1, "verdict": "FAIL against x"}
+    with pytest.raises(bench_results.ResultsError, match="FAIL row carries a time"):
+        bench_results.check({"gpu": "x", "date": "d", "rows": [row]})
+
+
+def test_the_sweep_covers_every_backend_declaring_nsplit(monkeypatch):
+    """The fixed split counts are swept for any backend that declares `nsplit` (here torch), each
+    configuration judged before it is timed; the automatic row comes first."""
+    shape = bench.Shape(1, 100, 9, 2, "ddtree", 1)
+    case = bench.make_case(shape)
+    from kdkit.perf import correctness
+    timer = CountingTimer()
+    grid = bench.Grid("cpu", timer, {"copy_gbps": 4000.0, "mma_tflops": 600.0}, nsplits=(1, 2, 4))
+    rows = grid.backend("torch", shape, case, correctness.Reference(case, device="cpu"))
+    assert rows[0]["nsplit_auto"] and [r["nsplit"] for r in rows[1:]] == [n for n in (1, 2, 4) if n != rows[0]["nsplit"]]
+    assert all(r["verdict"].startswith("PASS") for r in rows) and timer.timed == len(rows)
+
+
+def test_cpu_bench_still_refuses(capsys):
+    """On a machine without a GPU `kdkit bench` stops before any work, exit 1, one line."""
+    import kdkit.kernel
+    if kdkit.kernel.unavailable() is None:
+        pytest.skip("a GPU is here")
+    assert main(["bench", "--quick", "--out", tempfile.mkdtemp()]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("kdkit bench: ") and len(err.strip().splitlines()) == 1

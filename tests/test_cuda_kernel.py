@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from kdkit import backends, bench, compare, kernel, oracle, shapes, synth, trees
+from kdkit import backends, compare, kernel, oracle, shapes, synth, trees
 from kdkit.backends import torch_ref
 from kdkit.case import load
 from kdkit.kernel import spec
 from kdkit.layout import to_layout
+from kdkit.perf import bench
 
 WHY = backends.unavailable("cuda")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(WHY is not None, reason=WHY or "")]
@@ -457,10 +458,7 @@ def test_triton_decode_baseline_is_per_node_attention():
         pytest.skip(why)
     shape = next(s for s in QUICK if (s.bs, s.prefix, s.q_len) == (1, 1024, 9))
     case = bench.make_case(shape)
-    launch, out = bench.triton_decode_prepare(case)
-    launch()
-    torch.cuda.synchronize()
-    v = _judge(case, backends.Result(out.clone(), None))
+    v = _judge(case, backends.run("triton_decode", case))
     assert v.passed, v.reasons
 
 

@@ -1,17 +1,11 @@
-"""benchmarks/probes/fa2_rate.py: FlashAttention-2's forward rate as a share of the mma.sync rate
+"""kdkit.perf.probes.fa2_rate: FlashAttention-2's forward rate as a share of the mma.sync rate
 (the anchor beside issue 9's unmet targets in the README)."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("fa2_rate", ROOT / "benchmarks" / "probes" / "fa2_rate.py")
-fa2 = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fa2)
-
+from kdkit.perf.probes import fa2_rate as fa2
 
 def test_flops_count_both_products():
     """QK^T and PV, each seq x seq x dim multiply-adds per (batch, head), 2 FLOPs each."""

@@ -1,8 +1,7 @@
-"""scripts/kernel_ab.py: exporting commits' kdkit, the shapes it times, its table; the timing
+"""kdkit.perf.kernel_ab: exporting commits' kdkit, the shapes it times, its table; the timing
 itself on a GPU."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -10,12 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from kdkit import backends, bench
+from kdkit import backends
+from kdkit.perf import bench
+from kdkit.perf import kernel_ab as ab
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("kernel_ab", ROOT / "scripts" / "kernel_ab.py")
-ab = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ab)
 
 HAS_GIT = shutil.which("git") is not None and subprocess.run(
     ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode == 0

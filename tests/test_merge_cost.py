@@ -1,16 +1,10 @@
-"""scripts/merge_cost.py: its shape argument on the CPU, one small run on a GPU."""
+"""kdkit.perf.merge_cost: its shape argument on the CPU, one small run on a GPU."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("merge_cost", ROOT / "scripts" / "merge_cost.py")
-mc = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(mc)
-
+from kdkit.perf import merge_cost as mc
 
 def test_shapes_parse():
     s = mc._shape(" 8x8192q9")

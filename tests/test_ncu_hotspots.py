@@ -1,16 +1,12 @@
-"""scripts/ncu_hotspots.py on a small source page in ncu's CSV layout (no GPU, no ncu)."""
+"""kdkit.perf.ncu_hotspots on a small source page in ncu's CSV layout (no GPU, no ncu)."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("ncu_hotspots", ROOT / "scripts" / "ncu_hotspots.py")
-hot = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(hot)
+from kdkit.perf import ncu_hotspots as hot
 
 HEADER = ["Address", "Source", "# Samples", "Instructions Executed", "stall_wait", "stall_long_sb",
           "stall_barrier", "stall_wait (Not Issued)"]

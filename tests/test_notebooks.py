@@ -178,11 +178,11 @@ def test_nsplit_shows_committed_results_labelled(tmp_path):
 
 
 def test_nsplit_defaults_show_the_latest_committed_run(tmp_path):
-    from kdkit import bench_results
+    from kdkit.perf import bench, results as bench_results
     latest = bench_results.latest()
     if latest is None:
         pytest.skip(f"no results committed under {bench_results.RESULTS_DIR} yet (kdkit bench on a GPU writes them)")
-    if bench_results.gpu_here():
+    if bench.gpu_here():
         pytest.skip("a GPU is here: the notebook's default measures live (the GPU tests' business)")
     committed = bench_results.combine(latest)  # the newest run set's slices, as obtain() reads them
     nb, res, _ = execute("nsplit", tmp_path)
@@ -331,8 +331,9 @@ def test_explorer_takes_a_case_without_query_rows(tmp_path):
 
 
 def test_notebook_parameters_are_checked_by_name(tmp_path):
-    from kdkit import bench_results as br
     from kdkit import plots, synth
+    from kdkit.perf import bench
+    from kdkit.perf import results as br
     from kdkit.replay import replay
     case = synth.seed_shape()
     rep = replay(case, ["oracle", "torch"])
@@ -346,12 +347,12 @@ def test_notebook_parameters_are_checked_by_name(tmp_path):
         br.nsplit_sweep("nsplit", prefixes=5)
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="results_path = .*no kdkit bench results"):
-        br.obtain(str(tmp_path / "empty"), live=False)
-    res, where = br.obtain(str(ROOT / "benchmarks" / "results"), live=False)  # a directory: its newest run
+        bench.obtain(str(tmp_path / "empty"), live=False)
+    res, where = bench.obtain(str(ROOT / "benchmarks" / "results"), live=False)  # a directory: its newest run
     assert res["rows"] and "committed results" in where
     assert knb.resolve_paths("") is None and len(knb.resolve_paths([str(DATA / "seed-shape.pt")] * 2)) == 2
-    if br.gpu_here() is None:
+    if bench.gpu_here() is None:
         with pytest.raises(ValueError, match="live = True measures on a CUDA GPU"):
-            br.obtain(None, live=True)
+            bench.obtain(None, live=True)
     with pytest.raises(br.ResultsError, match="no rows"):
         br.check({**res, "rows": []})

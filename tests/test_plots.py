@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from conftest import DATA, ROOT
-from kdkit import bench_results, oracle, plots, synth, trees
+from kdkit import oracle, plots, synth, trees
+from kdkit.perf import results as bench_results
 from kdkit.backends import torch_ref
 from kdkit.case import load
 from kdkit.compare import judge, metrics

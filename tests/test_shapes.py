@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
 import re
 
@@ -158,10 +157,8 @@ def test_gpu_test_sets_make_the_gpu_tests_cases():
 
 
 def test_gpu_selfcheck_set_makes_the_scripts_cases():
-    """scripts/gpu_selfcheck.py's cases (seed 7 each), with its nsplit and dtype overrides."""
-    spec = importlib.util.spec_from_file_location("gpu_selfcheck", ROOT / "scripts" / "gpu_selfcheck.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)  # imports no GPU code until main()
+    """kdkit.perf.gpu_selfcheck's cases (seed 7 each), with its nsplit and dtype overrides."""
+    from kdkit.perf import gpu_selfcheck as script  # imports no GPU code until main()
     got = list(script.cases())
     assert [name for name, _, _ in got] == list(SELFCHECK)
     for name, case, opts in got:

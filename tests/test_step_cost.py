@@ -1,16 +1,10 @@
-"""scripts/step_cost.py: its arithmetic on the CPU, one small run on a GPU."""
+"""kdkit.perf.step_cost: its arithmetic on the CPU, one small run on a GPU."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("step_cost", ROOT / "scripts" / "step_cost.py")
-sc = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sc)
-
+from kdkit.perf import step_cost as sc
 
 def test_steps_and_the_line():
     """1 x 128K at q_len 9: 4097 steps of 32, 63 per split at the automatic 66 (the README's

@@ -1,16 +1,12 @@
-"""benchmarks/probes/ws_step.py, the warp-specialized step probe: its sm_120 build fits (no GPU
+"""kdkit.perf.probes.ws_step, the warp-specialized step probe: its sm_120 build fits (no GPU
 needed), and on a GPU its split partials match the float64 reference."""
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("ws_step", ROOT / "benchmarks" / "probes" / "ws_step.py")
-ws = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ws)
+from kdkit.perf.probes import ws_step as ws
 
 needs_nvrtc = pytest.mark.skipif(
     importlib.util.find_spec("cuda.bindings") is None,

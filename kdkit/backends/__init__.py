@@ -12,8 +12,22 @@ A backend is a module with
                                       lints once).
   LINT_CLEAN = True (optional)        replay runs it only on cases without lint errors (a kernel
                                       that a mis-marshaled case could make read out of bounds).
+  LABEL (optional)                    a short human label for tables and figures ("SGLang Triton
+                                      extend"); `label(name)` falls back to NAME.
+  BENCH = False (optional)            a reference, not a kernel (the oracle, a stored output):
+                                      `kdkit bench` leaves it out of its default set.
+  prepare(case, *, opt=default, ...)  (optional) -> Prepared: the call made ready for timing, with
+                                      the same declared options as run. Prepared.launch() only
+                                      launches: inputs and outputs are already on the device, no
+                                      host sync, no allocation, no device read; Prepared.result()
+                                      is the Result of the last launch; graph_safe says whether a
+                                      launch may be captured in a CUDA graph and replayed.
 and its Result.info["ran"] is one line saying what ran (release, device, build, splits), which
 replay and the report print as they are.
+
+Time backends through `prepare(name, case, **opts)`: options and availability are checked as for
+`run`, and a backend without its own prepare is wrapped so that each launch is a whole run()
+(host work and copies included; its info["timed"] says so).
 
 Call backends through `run(name, case, **opts)`: unknown options are refused here, the same way
 for every backend, before anything runs; an unavailable backend raises BackendUnavailable.
@@ -33,6 +47,7 @@ BACKENDS = {
     "oracle": "kdkit.backends.oracle",
     "torch": "kdkit.backends.torch_ref",
     "triton_sglang": "kdkit.backends.triton_sglang",
+    "triton_decode": "kdkit.backends.triton_decode",
     "cuda": "kdkit.backends.cuda",
     "captured": "kdkit.backends.captured",
 }
@@ -51,8 +66,8 @@ class Result:
 
 @dataclass
 class Prepared:
-    launch: Callable[[], None]      # launch only: inputs/outputs already on the device; no host
-                                    # sync, no allocation, no device read; what the bench times
+    """A backend's call made ready for timing (see the module's docstring)."""
+    launch: Callable[[], None]      # launch only: no host sync, no allocation, no device read
     result: Callable[[], Result]    # the output of the last launch (the bench judges it first)
     graph_safe: bool = False        # launch may be captured in a CUDA graph and replayed
     info: dict = field(default_factory=dict)   # info["ran"]; the cuda backend adds nsplit, module
@@ -109,6 +124,22 @@ def unavailable(name: str, case=None) -> str | None:
     return mod.unavailable(case)
 
 
+def label(name: str) -> str:
+    """`name`'s LABEL for tables and figures; its NAME where it has none, or where it is not a
+    backend of this kdkit (a results file from another checkout)."""
+    try:
+        mod = get(name)
+    except (KeyError, ImportError):
+        return name
+    return str(getattr(mod, "LABEL", mod.NAME))
+
+
+def benched() -> list[str]:
+    """The backends `kdkit bench` times by default: every registered one but the references
+    (BENCH = False)."""
+    return [n for n in BACKENDS if getattr(get(n), "BENCH", True)]
+
+
 def needs_clean_case(name: str) -> bool:
     return bool(getattr(get(name), "LINT_CLEAN", False))
 
@@ -119,7 +150,10 @@ def run(name: str, case, **opts) -> Result:
     why = unavailable(name, case)
     if why:
         raise BackendUnavailable(why)
-    res = get(name).run(case, **opts)
+    return _said_what_ran(name, get(name).run(case, **opts))
+
+
+def _said_what_ran(name: str, res: Result) -> Result:
     ran = res.info.get("ran") if isinstance(res.info, dict) else None
     if not isinstance(ran, str) or not ran.strip() or "\n" in ran:
         # the contract, not a guess: a backend that does not say what it ran is a kdkit bug
@@ -127,5 +161,31 @@ def run(name: str, case, **opts) -> Result:
     return res
 
 
+def prepare(name: str, case, **opts) -> Prepared:
+    """One backend made ready for timing: options and availability checked as in `run`, then its
+    own prepare; a backend without one is wrapped so that each launch is a whole run() (host work
+    and copies included, never graph-safe; info["timed"] says so). result() checks info["ran"]."""
+    check_options(name, opts)
+    why = unavailable(name, case)
+    if why:
+        raise BackendUnavailable(why)
+    mod = get(name)
+    if hasattr(mod, "prepare"):
+        p = mod.prepare(case, **opts)
+    else:
+        last: list[Result] = []
+
+        def launch():
+            last[:] = [mod.run(case, **opts)]
+
+        def result():
+            if not last:
+                raise RuntimeError(f"{name}: result() before the first launch")
+            return last[0]
+        p = Prepared(launch, result, graph_safe=False, info={"timed": "run() whole, host work included"})
+    result = p.result
+    return Prepared(p.launch, lambda: _said_what_ran(name, result()), p.graph_safe, p.info)
+
+
 __all__ = ["BACKENDS", "Result", "Prepared", "BackendUnavailable", "get", "resolve", "options", "check_options",
-           "unavailable", "needs_clean_case", "run"]
+           "unavailable", "label", "benched", "needs_clean_case", "run", "prepare"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from . import Result
 
 NAME = "captured"
+BENCH = False  # a reference, not a kernel: kdkit bench does not time it
 
 
 def unavailable(case=None):

@@ -7,6 +7,7 @@ from .. import kernel
 from . import Result
 
 NAME = "cuda"
+LABEL = "kdkit CUDA kernel"
 LINT_CLEAN = True  # replay does not launch it on a case with lint errors (the lint names the bug)
 
 

@@ -7,6 +7,7 @@ from .. import oracle
 from . import Result
 
 NAME = "oracle"
+BENCH = False  # a reference, not a kernel: kdkit bench does not time it
 
 
 def unavailable(case=None):

@@ -30,9 +30,10 @@ import torch
 from .. import layout, mutants
 from ..kernel import schedule
 from ..layout import request_kv
-from . import Result
+from . import Prepared, Result
 
 NAME = "torch"
+LABEL = "PyTorch eager"
 
 
 def unavailable(case=None):
@@ -199,3 +200,26 @@ def run(case, *, device=None, p_bf16: bool = False, nsplit: int | None = None, m
                    + (", P rounded to bf16" if p_bf16 else "") + f", bf16 output, {ns} KV split(s)"
                    + (f", MUTANT {mutant}" if mutant else "")}
     return Result(out.bfloat16(), lse, info)
+
+
+def prepare(case, *, device=None, p_bf16: bool = False, nsplit: int | None = None, mutant: str | None = None,
+            chunk_elems: int = 1 << 24) -> Prepared:
+    """run() made ready for timing on `device` (default: the GPU where there is one, else the
+    case's device): q, k, v and the pool copied there once; each launch is the eager computation
+    (torch's caching allocator and the per-request host loop included: not graph-safe)."""
+    mutants.check(mutant)
+    dev = torch.device(device) if device is not None else (
+        torch.device("cuda") if torch.cuda.is_available() else case.q.device)
+    on_dev = case.clone(**{n: getattr(case, n).to(dev) for n in ("q", "k", "v", "kv_buffer")})
+    last: list[Result] = []
+
+    def launch():
+        last[:] = [run(on_dev, device=dev, p_bf16=p_bf16, nsplit=nsplit, mutant=mutant, chunk_elems=chunk_elems)]
+
+    def result() -> Result:
+        if not last:
+            launch()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        return last[0]
+    return Prepared(launch, result, graph_safe=False, info={"device": str(dev)})

@@ -38,9 +38,10 @@ from .. import sglang_source  # imports no triton: the interpreter switch must c
 from ..case import CaseError
 from ..constants import prefix_of
 from ..layout import to_sglang
-from . import BackendUnavailable, Result
+from . import BackendUnavailable, Prepared, Result
 
 NAME = "triton_sglang"
+LABEL = "SGLang Triton extend"
 
 
 def unavailable(case=None) -> str | None:
@@ -113,17 +114,55 @@ def run(case, *, with_lse: bool = True) -> Result:
     Options: with_lse (default True): also read the LSE where the release supports lse_extend.
     Returns Result(out [T, H, 512] bf16 on the device it ran on, lse [T, H] fp32 or None, info).
     """
-    launch, out, lse, info = prepare(case, with_lse=with_lse)
-    launch()
-    if torch.cuda.is_available() and not info["interpreter"]:
-        torch.cuda.synchronize()
-    return Result(out=out() if callable(out) else out, lse=lse, info=info)
+    p = prepare(case, with_lse=with_lse)
+    p.launch()
+    return p.result()
 
 
-def prepare(case, *, with_lse: bool = True):
-    """The call, ready to launch: (launch, out, lse, info). `launch()` runs the kernel on device
-    copies of the case made here (the benchmark times it alone); `out` is the output tensor, or,
-    where bf16 was widened for the interpreter, a function that returns it rounded back."""
+class RunDevice:
+    """Where SGLang's Triton kernels run here, and device copies of a case's tensors for them: the
+    GPU, else the CPU under Triton's interpreter. Triton's interpreter cannot tl.dot bfloat16: it
+    keeps bf16 as uint16 and multiplies the bit patterns (triton-lang/triton#11584, closed as "not
+    supported yet"; seen in 3.9.0). So under the interpreter bf16 inputs are widened to fp32
+    (exact); the kernel then computes in fp32 and does not round P to bf16 before P @ V as it does
+    on a GPU. `output(o)` rounds the output back to the case's dtype."""
+
+    def __init__(self, case):
+        self.interpret = sglang_source.interpreting()
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.dtype = case.q.dtype
+        self.widen = self.interpret and any(t.dtype == torch.bfloat16 for t in (case.q, case.k, case.v, case.kv_buffer))
+
+    def __call__(self, t):  # a copy on the run device: the kernel never touches the case
+        if t is None:
+            return None
+        if self.widen and t.dtype == torch.bfloat16:
+            return t.to(device=self.device, dtype=torch.float32)
+        return t.to(self.device, copy=True)
+
+    def output(self, o):
+        return o.to(self.dtype) if self.widen else o
+
+    def sync(self) -> None:
+        if self.device.type == "cuda" and not self.interpret:
+            torch.cuda.synchronize()
+
+    @property
+    def name(self) -> str:
+        return torch.cuda.get_device_name() if self.device.type == "cuda" else "cpu"
+
+    def note(self) -> str:
+        return ("no CUDA device: ran on the CPU under Triton's interpreter (TRITON_INTERPRET=1, "
+                "set by kdkit before the kernel module was loaded); numerics follow NumPy, "
+                "not the GPU's tensor cores"
+                + ("; bf16 inputs widened to fp32 (the interpreter cannot tl.dot bf16), so P "
+                   "is not rounded to bf16 and only the output is" if self.widen else ""))
+
+
+def prepare(case, *, with_lse: bool = True) -> Prepared:
+    """The call, ready to launch: the kernel's inputs and outputs are device copies made here
+    (the benchmark times launch() alone); result() is the last launch's output (rounded back to
+    bf16 where it was widened for the interpreter), waited for."""
     with_lse = bool(with_lse)
     why = sglang_source.prepare_triton()  # must come before the first import of triton below
     if why:
@@ -138,23 +177,10 @@ def prepare(case, *, with_lse: bool = True):
     # Triton reads the draft K/V from k/v and only the prefix through kv_indices: the sglang layout
     case = to_sglang(case) if case.layout == "unified" else case
     _check_launchable(case)
-    interpret = sglang_source.interpreting()
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = RunDevice(case)
+    interpret, device = dev.interpret, dev.device
     H, Dv = case.num_heads, case.v_head_dim
     T = case.num_tokens
-
-    # Triton's interpreter cannot tl.dot bfloat16: it keeps bf16 as uint16 and multiplies the bit
-    # patterns (triton-lang/triton#11584, closed as "not supported yet"; seen in 3.9.0). So under
-    # the interpreter bf16 inputs are widened to fp32 (exact); the kernel then computes in fp32 and
-    # does not round P to bf16 before P @ V as it does on a GPU. The output is rounded to bf16.
-    widen = interpret and any(t.dtype == torch.bfloat16 for t in (case.q, case.k, case.v, case.kv_buffer))
-
-    def dev(t):  # a copy on the run device: the kernel never touches the case
-        if t is None:
-            return None
-        if widen and t.dtype == torch.bfloat16:
-            return t.to(device=device, dtype=torch.float32)
-        return t.to(device, copy=True)
 
     q = dev(case.q).view(-1, H, case.qk_dim)
     k, v = dev(case.k).contiguous(), dev(case.v).contiguous()
@@ -186,11 +212,9 @@ def prepare(case, *, with_lse: bool = True):
                 warnings.simplefilter("ignore", RuntimeWarning)  # computes them silently too
             fwd(q, k, v, o, kv_buffer, v_buffer, *meta, 1.0, 1.0, float(case.sm_scale), **kwargs)
 
-    out = (lambda: o.to(case.q.dtype)) if widen else o
-
     info = {
         "sglang_release": src.release,
-        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "device": dev.name,
         "interpreter": interpret,
         "module": str(src.module_path),
         "source": src.origin,
@@ -205,13 +229,15 @@ def prepare(case, *, with_lse: bool = True):
     info["ran"] = (f"SGLang {src.release} ({src.origin}), triton {triton.__version__} "
                    f"on {info['device']}" + (" under TRITON_INTERPRET=1" if interpret else ""))
     if interpret:
-        info["note"] = ("no CUDA device: ran on the CPU under Triton's interpreter (TRITON_INTERPRET=1, "
-                        "set by kdkit before the kernel module was loaded); numerics follow NumPy, "
-                        "not the GPU's tensor cores"
-                        + ("; bf16 inputs widened to fp32 (the interpreter cannot tl.dot bf16), so P "
-                           "is not rounded to bf16 and only the output is" if widen else ""))
-    info["compute_dtype"] = "float32 (widened from bfloat16)" if widen else str(q.dtype).replace("torch.", "")
+        info["note"] = dev.note()
+    info["compute_dtype"] = "float32 (widened from bfloat16)" if dev.widen else str(q.dtype).replace("torch.", "")
     unknown = sglang_source.unknown_env_switches(mod)
     if unknown:
         info["unknown_env_switches"] = unknown
-    return launch, out, lse, info
+
+    def result() -> Result:
+        dev.sync()
+        return Result(out=dev.output(o), lse=lse, info=info)
+    # graph-safe: the launch reads no device value on the host (SGLang captures this call in its
+    # target-verify CUDA graphs); the first launch, outside a capture, compiles the kernel
+    return Prepared(launch, result, graph_safe=not interpret, info=info)

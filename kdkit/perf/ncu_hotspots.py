@@ -4,10 +4,10 @@ between barriers, and the hottest instructions.
 
 On the GPU host (the kernel built by kdkit, one shape, caches flushed by ncu):
     ncu --clock-control none --set full -k regex:kd_mla_tc_partial -c 1 -o prof \\
-        python3 scripts/profile_one.py 1 32768 9
+        python -m kdkit.perf.profile_one 1 32768 9
     ncu -i prof.ncu-rep --page source --csv --print-source sass > prof_sass.csv
 Anywhere (no GPU, no ncu needed):
-    python3 scripts/ncu_hotspots.py prof_sass.csv [--top 25] [--kernel NAME]
+    python -m kdkit.perf.ncu_hotspots prof_sass.csv [--top 25] [--kernel NAME]
 """
 from __future__ import annotations
 

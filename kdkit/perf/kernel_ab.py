@@ -2,16 +2,16 @@
 
 Where git is (no GPU needed): each ref's kdkit package, written out under DIR:
 
-    python3 scripts/kernel_ab.py export DIR main my-branch [NAME=REF ...] [NAME=REF:skip=gather,nt=3 ...]
+    python -m kdkit.perf.kernel_ab export DIR main my-branch [NAME=REF ...] [NAME=REF:skip=gather,nt=3 ...]
 
 On the GPU host (any copy of the tree that holds DIR):
 
-    python3 scripts/kernel_ab.py time DIR [--shapes TEXT] [--rounds 2] [--budget-s 0.3]
+    python -m kdkit.perf.kernel_ab time DIR [--shapes TEXT] [--rounds 2] [--budget-s 0.3]
 
 Each variant runs in its own process, importing its own kdkit (so its own kernel source, plan and
-JIT cache key), in rounds whose order alternates (a, b, b, a, ...): drift between rounds shows as
+JIT cache key: this file is run by its path, with the variant's folder as PYTHONPATH), in rounds whose order alternates (a, b, b, a, ...): drift between rounds shows as
 the spread of a variant's times. Graph replay, a 256 MiB L2 flush before each call, the median
-(kdkit.bench.Timer, as `kdkit bench` times), at the plan's own choice of block size and splits.
+(kdkit.perf.timing.Timer, as `kdkit bench` times), at the plan's own choice of block size and splits.
 Rows go to DIR/times.jsonl (appended, each naming its variant's commit); the table at the end
 gives each variant's fastest and slowest time per shape and its ratio to the first variant's
 (`table DIR` prints it again), from the rows of the commit each variant name has now. The cases
@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # the prefix-21 trees where the per-node Triton decode kernel was as fast or faster on the grid of
 # e4e46b5 (2026-12-01); on the grid of main since (the 32-row gather) kdkit leads on all, by 3-28%
@@ -105,8 +106,7 @@ def shapes(text: str | None) -> list[tuple[int, int, int, int]]:
 def _grid_shapes(text: str | None) -> list[tuple]:
     """The shapes to time as `kdkit bench` makes their cases: (bs, prefix, q_len, heads, tree, seed)
     of the grid's entry (the tree and seed decide the mask, and so what the skip builds skip)."""
-    sys.path.insert(0, str(ROOT))
-    from kdkit import bench
+    from kdkit.perf import bench  # (absolute: the child runs this file by its path)
     grid = bench.grid()
     if text:
         texts = [t.strip() for t in text.split(",") if t.strip()]
@@ -123,12 +123,15 @@ def child(vdir: str, name: str, shapes_json: str, out: str, budget_s: float, rnd
           commit: str = "") -> None:
     """In a fresh process: import the variant's kdkit, time each shape at the variant's plan
     options, append rows; a shape the options do not fit is reported and left out."""
-    sys.path.insert(0, vdir)
     import torch
     import kdkit
     from kdkit import kernel
     from kdkit.backends import cuda
-    from kdkit.bench import Shape, Timer, graph_of, make_case
+    try:
+        from kdkit.perf.bench import Shape, make_case
+        from kdkit.perf.timing import Timer, graph_of
+    except ImportError:  # a variant's kdkit from before kdkit.perf (its bench held the timer)
+        from kdkit.bench import Shape, Timer, graph_of, make_case
     assert Path(kdkit.__file__).resolve().is_relative_to(Path(vdir).resolve()), kdkit.__file__
     timer = Timer(torch.device("cuda"))
     with open(out, "a") as f:
@@ -162,9 +165,11 @@ def time_all(d: Path, text: str | None, rounds: int, budget_s: float) -> int:
     bad = 0
     for rnd in range(rounds):
         for name in names if rnd % 2 == 0 else names[::-1]:
-            r = subprocess.run([sys.executable, __file__, "_child", str(d / name), name, todo,
+            # -P: this file's folder is not put on sys.path; PYTHONPATH: the variant's kdkit first
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(d / name), os.environ.get("PYTHONPATH")]))}
+            r = subprocess.run([sys.executable, "-P", __file__, "_child", str(d / name), name, todo,
                                 str(d / "times.jsonl"), str(budget_s), str(rnd),
-                                json.dumps(refs[name].get("opts", {})), refs[name]["commit"]])
+                                json.dumps(refs[name].get("opts", {})), refs[name]["commit"]], env=env)
             print(f"round {rnd} {name}: exit {r.returncode}", file=sys.stderr, flush=True)
             bad += r.returncode != 0
     print(table(d))

@@ -1,7 +1,7 @@
-"""What the split-KV merge costs beside the partial kernel, under CUDA graph replay (kdkit.bench's
+"""What the split-KV merge costs beside the partial kernel, under CUDA graph replay (kdkit.perf.timing's
 timer: a 256 MiB L2 flush before each replay, median):
 
-    python3 scripts/merge_cost.py [--shapes 1x32768q9,1x131072q9,8x8192q9,32x4096q9,1x1024q9]
+    python -m kdkit.perf.merge_cost [--shapes 1x32768q9,1x131072q9,8x8192q9,32x4096q9,1x1024q9]
 
 Per shape, at the plan's own split count and merge groups, five graphs: the partial kernel alone
 (P); P then an empty kernel of the merge's grid and block (P+E); P then the merge (P+M); P then the merge twice
@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kdkit import bench  # noqa: E402
-from kdkit.backends import cuda  # noqa: E402
-from kdkit.kernel import api, spec  # noqa: E402
+from ..backends import cuda
+from ..kernel import api, spec
+from . import bench
+from .timing import Timer, graph_of, torch_stream
 
 _EMPTY = r'extern "C" __global__ void kd_empty(float* x) { if (blockIdx.x == 0x7fffffff) x[0] = 1.f; }'
 
@@ -43,7 +41,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import cupy  # the GPU host's; --help needs none
 
-    timer = bench.Timer("cuda")
+    timer = Timer("cuda")
     empty_fn = cupy.RawKernel(_EMPTY, "kd_empty")
     sink = cupy.zeros(1, dtype=cupy.float32)
     print("shape | nsplit | merge grid x block | P | P+E | P+M | P+M+M | E | M | boundary (P+E - P) | "
@@ -59,18 +57,18 @@ def main(argv=None) -> int:
         rows, block = p.num_tokens * p.num_heads, (spec.MERGE_THREADS, p.merge_groups)
 
         def partial():
-            with api._torch_stream():
+            with torch_stream():
                 p._partial(p.grid, (p.threads,), (a,), shared_mem=p.smem)
 
         def merge():
-            with api._torch_stream():
+            with torch_stream():
                 p._merge((rows,), block, (a,))
 
         def empty():
-            with api._torch_stream():
+            with torch_stream():
                 empty_fn((rows,), block, (sink,))
 
-        us = {name: timer.us(bench.graph_of(fn), reps=40) for name, fn in (
+        us = {name: timer.us(graph_of(fn), reps=40) for name, fn in (
             ("P", partial), ("P+E", lambda: (partial(), empty())), ("P+M", lambda: (partial(), merge())),
             ("P+M+M", lambda: (partial(), merge(), merge())), ("P+P", lambda: (partial(), partial())),
             ("E", empty), ("M", merge))}

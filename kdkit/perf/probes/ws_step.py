@@ -1,6 +1,6 @@
 """The warp-specialized step probe (ws_step.cu) against kdkit's kernel, on one GPU:
 
-    python3 benchmarks/probes/ws_step.py [--check-only | --variants | --profile] [--define NAME=VALUE] [--out FILE]
+    python -m kdkit.perf.probes.ws_step [--check-only | --variants | --profile] [--define NAME=VALUE] [--out FILE]
 
 It builds only kernels it generates its own inputs for (the unified layout, every column visible);
 it is a measurement of a design, not a backend: nothing in kdkit calls it. benchmarks/LOG.md has
@@ -9,7 +9,7 @@ what it measured.
 1. Its build for sm_90 and sm_120: registers, spills, shared memory (sm_120's limits hold?).
 2. Correctness: its split partials (normalised fp32 rows and their LSE) against a float64 torch
    reference on ragged requests (KV lengths off the 16-row step, an empty split, H 8 and 16).
-3. Timing (kdkit.bench.Timer: L2 flushed before each call, CUDA events, median): the probe's
+3. Timing (kdkit.perf.timing.Timer: L2 flushed before each call, CUDA events, median): the probe's
    partial kernel and kdkit's kernel (partial + merge) on the same inputs (unified layout, every
    column visible, 40-row blocks, the same split count), at several prefixes per batch size. The
    time per KV step of each is the slope of the line through those points, so the fixed work
@@ -24,17 +24,19 @@ import math
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
+
+from ... import kernel
+from ...constants import QK_DIM as D, V_HEAD_DIM as DL
+from ...kernel import jit
+from ..timing import Timer, torch_stream
 
 PROBE = Path(__file__).with_name("ws_step.cu")
-D, DL, ROWS = 576, 512, 40
+ROWS = 40  # query rows per block of the probe (and of the kdkit build it is timed against)
 
 
 def build(arch: str, defines: dict | None = None):
-    from kdkit.kernel import jit
     defines = dict(defines or {})
     return jit.build(PROBE, defines, arch, tags={"probe": "ws", **defines})
 
@@ -56,14 +58,12 @@ def make_inputs(kv_lens, q_len, H, seed, dev):
 
 class Probe:
     def __init__(self, dev, defines: dict | None = None):
-        from kdkit.kernel import jit
         self.mod = build(jit.device_arch(), defines)
         self.fn = jit.load(self.mod).get_function("ws_partial")
         self.smem = self.mod.meta()["smem_bytes"]
         self.fn.max_dynamic_shared_size_bytes = self.smem
 
     def launcher(self, x, nsplit):
-        from kdkit.kernel.api import _torch_stream
         bs, H, q_len = len(x["kv_lens"]), x["H"], x["q_len"]
         total_rows = bs * q_len * H
         o_part = torch.empty(nsplit, total_rows, DL, dtype=torch.float32, device=x["q"].device)
@@ -77,7 +77,7 @@ class Probe:
         grid = (-(-q_len * H // ROWS), nsplit, bs)
 
         def launch():
-            with _torch_stream():
+            with torch_stream():
                 self.fn(grid, (256,), args, shared_mem=self.smem)
         return launch, o_part, lse_part
 
@@ -130,7 +130,6 @@ def check(probe, dev) -> list[dict]:
 
 
 def kdkit_launcher(x, nsplit):
-    from kdkit import kernel
     bs, q_len, H = len(x["kv_lens"]), x["q_len"], x["H"]
     T = bs * q_len
     pfx = torch.tensor([n - q_len for n in x["kv_lens"]], dtype=torch.int64, device=x["q"].device)
@@ -143,8 +142,7 @@ def kdkit_launcher(x, nsplit):
 
 
 def timing(probe, dev, budget_s: float) -> list[dict]:
-    from kdkit import bench
-    timer = bench.Timer(dev)
+    timer = Timer(dev)
     rows = []
     # (bs, prefixes, nsplit): 2 row blocks a request (72 rows), bs x 2 x nsplit ~ 132 blocks
     for bs, prefixes, nsplit in ((1, (32768, 65536, 131072), 66), (8, (8192, 16384, 32768), 8),
@@ -190,8 +188,7 @@ VARIANTS = ((4, 0, 0, 1, 0), (4, 0, 0, 0, 0), (4, 1, 0, 0, 0), (4, 0, 4, 0, 0), 
 
 
 def variants(dev, budget_s: float) -> list[dict]:
-    from kdkit import bench
-    timer = bench.Timer(dev)
+    timer = Timer(dev)
     rows = []
     inputs = {prefix: make_inputs([prefix + 9], 9, 8, seed=prefix, dev=dev) for prefix in (32768, 131072)}
     base = {}

@@ -1,10 +1,10 @@
 """The measurements behind kdkit.kernel.schedule's launch model: every block size (nt = query
 n-tiles of 8 rows) x a few split counts around the automatic one, per shape, on this GPU.
 
-    python3 scripts/schedule_sweep.py [--out FILE.jsonl]
+    python -m kdkit.perf.schedule_sweep [--out FILE.jsonl]
 
 One JSON line per (shape, nt, nsplit), after a first line of metadata; graph replay, a 256 MiB
-L2 flush before each call, median (kdkit.bench.Timer, as `kdkit bench` times). The H200's run is
+L2 flush before each call, median (kdkit.perf.timing.Timer, as `kdkit bench` times). The H200's run is
 benchmarks/schedule/; tests/test_compile.py checks the model's choices against it.
 """
 from __future__ import annotations
@@ -12,15 +12,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import torch  # noqa: E402
+import torch
 
-from kdkit import kernel  # noqa: E402
-from kdkit.backends import cuda  # noqa: E402
-from kdkit.bench import Shape, Timer, graph_of, make_case  # noqa: E402
-from kdkit.kernel import spec  # noqa: E402
+from .. import kernel
+from ..backends import cuda
+from ..kernel import spec
+from .bench import Shape, make_case
+from .timing import Timer, graph_of
 
 # (bs, prefix, q_len) at H 8: the quick bench set plus the short-KV corners where the block size matters
 SHAPES = [(1, 21, 9), (1, 1024, 9), (1, 8192, 9), (1, 32768, 9), (1, 131072, 9), (8, 8192, 9),

@@ -5,22 +5,19 @@ Performance). FlashAttention-2 is the reference attention kernel built on mma.sy
 SDPA flash backend is FlashAttention-2's code, so its forward prefill in its easiest case (no
 mask, head dims up to 256, long sequences: compute-bound) is a measured anchor for what that
 instruction reaches inside an attention loop. Both rates are measured here, in one process, with
-kdkit bench's timer (CUDA events, median).
+kdkit bench's timer (kdkit.perf.timing: CUDA events, median).
 
-    python3 benchmarks/probes/fa2_rate.py [--seq 8192] [--batch 2] [--heads 16] [--dims 64,128,256]
+    python -m kdkit.perf.probes.fa2_rate [--seq 8192] [--batch 2] [--heads 16] [--dims 64,128,256]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from kdkit import bench  # noqa: E402
+from ..timing import Timer, mma_tflops
 
 
 def flops(batch: int, heads: int, seq: int, dim: int) -> int:
@@ -28,7 +25,7 @@ def flops(batch: int, heads: int, seq: int, dim: int) -> int:
     return 4 * batch * heads * seq * seq * dim
 
 
-def sdpa_us(timer: bench.Timer, batch: int, heads: int, seq: int, dim: int) -> float:
+def sdpa_us(timer: Timer, batch: int, heads: int, seq: int, dim: int) -> float:
     """Median time of one forward through SDPA's flash backend only (an error, not a fallback,
     where that backend cannot take the shape)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -40,8 +37,8 @@ def sdpa_us(timer: bench.Timer, batch: int, heads: int, seq: int, dim: int) -> f
 
 
 def measure(seq: int, batch: int, heads: int, dims) -> dict:
-    timer = bench.Timer("cuda")
-    mma = bench.mma_tflops(timer, "cuda")
+    timer = Timer("cuda")
+    mma = mma_tflops(timer, "cuda")
     rows = []
     for dim in dims:
         us = sdpa_us(timer, batch, heads, seq, dim)

@@ -1,10 +1,14 @@
 """`kdkit bench` results files: load one (checked field by field), find the latest committed one,
-select rows. The figures are in kdkit.plots; the measuring is kdkit.bench's.
+select rows, the grid's verdicts. The figures are in kdkit.plots; the measuring is
+kdkit.perf.bench's (which also measures live sweeps: bench.obtain).
 
 A results file is one GPU run (benchmarks/results/<gpu>-<date>.json):
     {"gpu", "sms", "copy_gbps", "mma_tflops", "driver", "versions", "date", "rows": [row, ...]}
     row = {backend, bs, prefix, q_len, heads, nsplit, nsplit_auto, graph, us, gbps, floor_us,
-           roofline_frac, speedup_vs_triton} and, where measured, host_us, module, sm_mhz, power_w
+           roofline_frac, speedup_vs_triton} and, where measured, host_us, module, sm_mhz, power_w,
+           verdict (the correctness check before timing: "PASS against ...: ..." or "FAIL ...";
+           a FAIL row has no us, gbps or roofline_frac: nothing wrong is timed), timed (how a
+           backend without a prepare() was timed)
 The full grid is measured in slices (one `kdkit bench --shapes ...` per GPU command); combine()
 makes the slices one dict (with "slices": each slice's date, copy_gbps, mma_tflops).
 """
@@ -15,13 +19,10 @@ import math
 import os
 from pathlib import Path
 
-# backend name in the rows -> what a figure calls it
-BACKENDS = {"cuda": "kdkit CUDA kernel", "triton_sglang": "SGLang Triton extend",
-            "triton_decode": "Triton decode, one query per node", "torch": "PyTorch eager"}
 HEADER = {"gpu": str, "date": str, "rows": list}
 ROW_INT = ("bs", "prefix", "q_len", "heads")
 ROW_NUM = ("us", "gbps", "floor_us", "roofline_frac")
-RESULTS_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+RESULTS_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 
 
 class ResultsError(ValueError):
@@ -47,20 +48,37 @@ def check(data, where: str = "results") -> dict:
         at = f"{where}: rows[{i}]"
         if not isinstance(r, dict):
             raise ResultsError(f"{at}: expected an object")
-        if r.get("backend") not in BACKENDS:
-            raise ResultsError(f"{at}.backend = {r.get('backend')!r}: one of {', '.join(BACKENDS)}")
+        if not isinstance(r.get("backend"), str) or not r["backend"]:
+            raise ResultsError(f"{at}.backend = {r.get('backend')!r}: a backend's name")
         for k in ROW_INT:
             if not isinstance(r.get(k), int) or isinstance(r.get(k), bool) or r[k] < 0:
                 raise ResultsError(f"{at}.{k} = {r.get(k)!r}: a non-negative integer")
-        for k in ROW_NUM:
-            if not _num(r.get(k)):
-                raise ResultsError(f"{at}.{k} = {r.get(k)!r}: a finite number")
+        if "verdict" in r and not isinstance(r["verdict"], str):
+            raise ResultsError(f"{at}.verdict = {r['verdict']!r}: the correctness check's line")
+        if failed(r):  # judged wrong before timing: no time
+            if "us" in r:
+                raise ResultsError(f"{at}: a FAIL row carries a time (us = {r['us']!r}); nothing wrong is timed")
+        else:
+            for k in ROW_NUM:
+                if not _num(r.get(k)):
+                    raise ResultsError(f"{at}.{k} = {r.get(k)!r}: a finite number")
         for k in ("nsplit_auto", "graph"):
             if not isinstance(r.get(k), bool):
                 raise ResultsError(f"{at}.{k} = {r.get(k)!r}: true or false")
-        if r["backend"] == "cuda" and (not isinstance(r.get("nsplit"), int) or r["nsplit"] < 1):
-            raise ResultsError(f"{at}.nsplit = {r.get('nsplit')!r}: the CUDA kernel's split count, >= 1")
+        ns = r.get("nsplit")
+        if (ns is not None or r["nsplit_auto"]) and (not isinstance(ns, int) or isinstance(ns, bool) or ns < 1):
+            raise ResultsError(f"{at}.nsplit = {ns!r}: the backend's split count, >= 1 (null where it has none)")
     return data
+
+
+def failed(row: dict) -> bool:
+    """The row's backend output was judged wrong before timing (so the row has no time)."""
+    return str(row.get("verdict", "")).startswith("FAIL")
+
+
+def timed(results: dict) -> list[dict]:
+    """The rows with a time (every row but the FAIL ones)."""
+    return [r for r in results["rows"] if not failed(r)]
 
 
 def load(path: str | os.PathLike) -> dict:
@@ -140,8 +158,8 @@ def latest(directory: str | os.PathLike = RESULTS_DIR) -> list[Path] | None:
 
 
 def select(results: dict, **want) -> list[dict]:
-    """Rows whose fields equal every given value; a value of None matches anything."""
-    return [r for r in results["rows"] if all(v is None or r.get(k) == v for k, v in want.items())]
+    """Timed rows whose fields equal every given value; a value of None matches anything."""
+    return [r for r in timed(results) if all(v is None or r.get(k) == v for k, v in want.items())]
 
 
 def shapes(results: dict) -> list[tuple]:
@@ -212,7 +230,7 @@ def verdicts(results: dict) -> dict:
     best, shape, auto's split count, the best's)) and "auto_within" (shapes within AUTO_WITHIN);
     "roofline_max" ((fraction, shape)). A shape is (bs, prefix, q_len, heads)."""
     by: dict[tuple, list[dict]] = {}
-    for r in results["rows"]:
+    for r in timed(results):
         if not r["graph"]:
             by.setdefault((r["bs"], r["prefix"], r["q_len"], r["heads"]), []).append(r)
     out = {"shapes": 0, "slower": [], "least": {}, "fixed": 0, "auto_beat_all": 0, "auto_within": 0,
@@ -247,6 +265,7 @@ def verdicts(results: dict) -> dict:
 
 def verdict_lines(results: dict) -> list[str]:
     """verdicts() in words, for a run's summary."""
+    from ..backends import label  # (torch comes with it: only when there are lines to write)
     v = verdicts(results)
     if not v["shapes"]:
         return []
@@ -255,7 +274,7 @@ def verdict_lines(results: dict) -> list[str]:
         return f"{s[0]} x {s[1]}, q_len {s[2]}, H {s[3]}"
     lines = [f"kdkit fastest on {v['shapes'] - len({s for s, *_ in v['slower']})} of {v['shapes']} shapes (eager)"]
     lines += [f"  slower than {b} at {sh(s)}: {kd:.2f} us against {us:.2f}" for s, b, us, kd in v["slower"]]
-    lines += [f"  least speed-up over {BACKENDS.get(b, b)}: {ratio:.2f}x ({sh(s)})" for b, (ratio, s) in sorted(v["least"].items())]
+    lines += [f"  least speed-up over {label(b)}: {ratio:.2f}x ({sh(s)})" for b, (ratio, s) in sorted(v["least"].items())]
     if v["fixed"]:
         over, s, auto_n, best_n = v["auto_worst"]
         lines.append(f"automatic split count within {AUTO_WITHIN:.2f}x of the best fixed on {v['auto_within']} of "
@@ -270,7 +289,7 @@ def nsplit_sweep(shape_set: str = "nsplit", **override) -> dict:
     """The sweep's defaults from kdkit/shapes.json: {"prefixes", "bs", "q_len", "heads"}; an
     override (prefixes, bs, q_len, heads) that is not None replaces its default (nsplit.ipynb's
     parameters: another shape of the committed run, a quick live run)."""
-    from . import shapes
+    from .. import shapes
     unknown = set(override) - {"prefixes", "bs", "q_len", "heads"}
     if unknown:
         raise TypeError(f"nsplit_sweep: no parameter {', '.join(sorted(unknown))} (prefixes, bs, q_len, heads)")
@@ -294,37 +313,10 @@ def nsplit_sweep(shape_set: str = "nsplit", **override) -> dict:
     return sweep
 
 
-def measure(prefixes, bs: int = 1, q_len: int = 9, heads: int = 8, nsplits=(1, 2, 4, 8, 16, 32, 64),
-            backends=("cuda", "triton_sglang", "triton_decode", "torch"), graph: bool = True,
-            progress: bool = True) -> dict:
-    """A live sweep through kdkit.bench.run_grid (needs a CUDA GPU), checked like a file."""
-    from . import bench
-    shapes = [bench.Shape(bs, int(p), q_len, heads) for p in prefixes]
-    return check(bench.run_grid(shapes, tuple(backends), tuple(nsplits), graph, progress), "kdkit.bench.run_grid()")
-
-
-def gpu_here() -> str | None:
-    """The CUDA device's name, or None on a machine without one."""
-    try:
-        import torch
-        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    except Exception:
-        return None
-
-
-def obtain(results_path: str | os.PathLike | None = None, live: bool | None = None, **sweep) -> tuple[dict, str]:
-    """(results, where they came from). live=None measures when a GPU is here and no results_path
-    is given; otherwise reads results_path, or the latest committed run under benchmarks/results/.
-    results_path: one file, or a list of files combined (combine()); the latest is the newest
-    run set's files combined (latest()). sweep: measure()'s arguments (prefixes, bs, q_len, heads, nsplits, backends, graph)."""
-    if live is None:
-        live = gpu_here() is not None and not results_path
-    if live:
-        if gpu_here() is None:
-            raise ValueError("live = True measures on a CUDA GPU and there is none here: set live = None "
-                             "(or False) to read results_path or the latest committed run")
-        res = measure(**sweep)
-        return res, f"measured live on {res['gpu']} ({res['date']})"
+def read(results_path: str | os.PathLike | list | None = None) -> tuple[dict, str]:
+    """(results, where they came from) from files: results_path is one file, a list of files
+    combined (combine()), a directory (its newest run set, latest()), or None (the newest run set
+    committed under benchmarks/results/)."""
     if isinstance(results_path, (list, tuple)):
         paths = [Path(p) for p in results_path]
     elif results_path and Path(results_path).is_dir():  # a directory: its newest run set

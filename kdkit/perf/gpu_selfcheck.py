@@ -1,7 +1,7 @@
 """A representative subset of kernel cases, small enough to run under compute-sanitizer.
 
-    compute-sanitizer --tool memcheck  python3 scripts/gpu_selfcheck.py
-    compute-sanitizer --tool racecheck python3 scripts/gpu_selfcheck.py
+    compute-sanitizer --tool memcheck  python -m kdkit.perf.gpu_selfcheck
+    compute-sanitizer --tool racecheck python -m kdkit.perf.gpu_selfcheck
 The cases are kdkit/shapes.json's set "gpu-selfcheck"; what a shape cannot hold (a forced split
 count, the mask and index dtypes) is added here by name. Exit status 1 if any case misses the
 tolerance rule (compare.judge against the float64 oracle).
@@ -9,13 +9,10 @@ tolerance rule (compare.judge against the float64 oracle).
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from kdkit import compare, oracle, shapes  # noqa: E402
+from .. import compare, oracle, shapes
 
 SET = "gpu-selfcheck"
 MAKE = {"h128-uint8-mask-int64-idx": dict(mask_dtype=torch.uint8, index_dtype=torch.int64)}  # -> make_case
@@ -30,7 +27,7 @@ def cases():
 
 
 def main() -> int:
-    from kdkit.backends import cuda
+    from ..backends import cuda
     bad = 0
     for name, case, opts in cases():
         res = cuda.run(case, **opts)

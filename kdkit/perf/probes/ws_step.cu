@@ -21,7 +21,7 @@
 // Every named barrier is completed once per step by the same 256 threads in the same order, and a
 // role cannot lap the other on one id (the S warps wait on EMPTY of step k - 2 before they write P
 // of step k or load step k + 2), so each barrier's generations pair up.
-#include "../../kdkit/kernel/cuda/kd_common.cuh"
+#include "../../kernel/cuda/kd_common.cuh"
 
 using bf16 = __nv_bfloat16;
 

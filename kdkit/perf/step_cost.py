@@ -2,14 +2,14 @@
 rows per block are printed beside the block count), with the pool's slots shuffled (as
 `kdkit bench` lays them out) and in order:
 
-    python3 scripts/step_cost.py [--prefixes 65536,131072] [--nsplits 1,2,4,8,16,32,64] [--q-len 9] [--heads 8]
+    python -m kdkit.perf.step_cost [--prefixes 65536,131072] [--nsplits 1,2,4,8,16,32,64] [--q-len 9] [--heads 8]
 
-For each split count, a batch of one request is timed (CUDA graph replay, kdkit.bench's timer: L2
+For each split count, a batch of one request is timed (CUDA graph replay, kdkit.perf.timing's timer: L2
 flushed before each call, median) at every prefix; the time per step and the fixed work are the
 line through those points (steps per split = ceil(ceil(KV / 32) / nsplit)). Blocks = row blocks
 x splits: the kernel's block count; rows: query rows per block. The README's "What a KV step
 costs" reads this table (a step's cost follows the rows per block, not the block count). Each line
-also gives the SM clock and power sampled meanwhile (kdkit/clocks.py).
+also gives the SM clock and power sampled meanwhile (kdkit/perf/clocks.py).
 
 Why the two slot orders: with shuffled slots every 1152-byte KV row sits on its own DRAM page
 and, across a 151 MB pool, its own TLB reach; in order, a step's 32 rows are 36 KB in a row. If
@@ -21,15 +21,15 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
-from kdkit import bench, clocks, shapes  # noqa: E402
-from kdkit.backends import cuda  # noqa: E402
-from kdkit.kernel import schedule  # noqa: E402
+from .. import kernel, shapes
+from ..backends import cuda
+from ..kernel import schedule
+from . import clocks
+from .timing import Timer, graph_of
 
 
 def _ints(text: str) -> list[int]:
@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     if len(args.prefixes) < 2:
         ap.error("--prefixes: two or more, for the line")
     dev = torch.device("cuda")
-    timer = bench.Timer(dev)
+    timer = Timer(dev)
     print(f"{torch.cuda.get_device_name(dev)}, bs 1, q_len {args.q_len}, H {args.heads}, prefixes {args.prefixes}")
     print(f"{'slots':>9} {'nsplit':>6} {'blocks':>6} {'rows':>4} " + " ".join(f"{f'us@{p}':>11}" for p in args.prefixes)
           + f" {'us/step':>8} {'fixed':>7} {'MHz':>5} {'W':>6}")
@@ -78,8 +78,8 @@ def main(argv=None) -> int:
             for ns in args.nsplits:
                 points, blocks, rows, t0 = [], None, None, time.monotonic()
                 for p in args.prefixes:
-                    run, plan = bench.cuda_launcher(cases[p], xs[p], nsplit=ns)
-                    fn = bench.graph_of(run)
+                    x, plan = xs[p], cuda.plan_case(cases[p], xs[p], nsplit=ns)
+                    fn = graph_of(lambda: kernel.run(plan, x["q"], x["k"], x["v"], x["kv_buffer"]))
                     points.append((steps_per_split(p + args.q_len, plan.nsplit), timer.us(fn, budget_s=args.budget_s)))
                     blocks = plan.grid[0] * plan.grid[1] * plan.grid[2]
                     rows = plan.rows_per_cta

@@ -1,0 +1,120 @@
+"""How kdkit times GPU work: the L2 flush, the event timer, CUDA-graph capture, and the machine's
+two ceilings (device copy bandwidth, mma.sync rate) the roofline is made of.
+
+Every tool of kdkit.perf times through these (`kdkit bench`, the A/B, the sweeps, the probes), so
+that their numbers compare: a 256 MiB read before each timed call so that no KV is left in L2 (a
+read, not a write: a memset would leave L2 full of dirty lines whose write-back the next kernel
+pays), then a short GPU sleep so that the launch is queued before the start event is reached (the
+events time the GPU's work, not Python's launch latency, which `Timer.host_us` reports apart), one
+warm-up, the median of the repetitions.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+
+FLUSH_BYTES = 256 << 20
+SLEEP_CYCLES = 500_000  # ~250 us at 2 GHz: longer than a launch's host work, so the launch is queued
+
+
+class L2Flush:
+    """A 256 MiB buffer whose sum evicts the KV of the previous call from L2 (and leaves nothing
+    dirty there); calling the object does one flush."""
+
+    def __init__(self, device, nbytes: int = FLUSH_BYTES):
+        self.buf = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
+        self.sink = torch.empty((), dtype=torch.float32, device=device)
+
+    def __call__(self) -> None:
+        torch.sum(self.buf, dim=0, out=self.sink)
+
+
+class Timer:
+    def __init__(self, device):
+        self.flush = L2Flush(device)
+
+    def us(self, fn, reps: int | None = None, budget_s: float = 1.0) -> float:
+        """Median GPU time of fn() in microseconds, L2 flushed before each call."""
+        fn()
+        torch.cuda.synchronize()
+        if reps is None:  # as many as fit the budget, 5..50
+            t0 = self._once(fn)
+            reps = int(max(5, min(50, budget_s / max(t0 * 1e-6, 1e-9))))
+        return sorted(self._once(fn) for _ in range(reps))[reps // 2]
+
+    def host_us(self, fn, reps: int = 20) -> float:
+        """What one launch costs the CPU (Python, checks, the launch calls), the GPU kept busy."""
+        torch.cuda.synchronize()
+        torch.cuda._sleep(SLEEP_CYCLES * 4)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        t = (time.perf_counter() - t0) / reps * 1e6
+        torch.cuda.synchronize()
+        return t
+
+    def _once(self, fn) -> float:
+        self.flush()
+        torch.cuda._sleep(SLEEP_CYCLES)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b) * 1e3
+
+
+def graph_of(fn):
+    """fn captured in a CUDA graph; returns the replay."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g.replay
+
+
+@contextlib.contextmanager
+def torch_stream():
+    """CuPy launches inside this join torch's current stream (so that they order with torch's
+    work and are captured by torch.cuda.graph), through torch's public stream handle."""
+    import cupy
+    ts = torch.cuda.current_stream()
+    try:
+        cs = cupy.cuda.Stream.from_external(ts)  # CuPy >= 14: the CUDA stream protocol
+    except (AttributeError, TypeError):
+        cs = cupy.cuda.ExternalStream(ts.cuda_stream)
+    with cs:
+        yield
+
+
+def copy_gbps(timer: Timer, device) -> float:
+    """Device-to-device copy of 1 GiB: (read + write) bytes / median time."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    us = timer.us(lambda: dst.copy_(src), reps=10)
+    del src, dst
+    return 2 * (1 << 30) / us / 1e3
+
+
+def mma_tflops(timer: Timer, device) -> float:
+    """kdkit's mma.sync microbenchmark (kernel/cuda/mma_peak.cu): one block per SM, independent
+    accumulator chains in every warp; threads and FLOPs per warp-iteration read from the build."""
+    import cupy
+
+    from ..kernel import jit
+    mod = jit.build("mma_peak.cu", {}, jit.device_arch(), tags={})
+    fn = jit.load(mod).get_function("kd_mma_peak")
+    meta = mod.meta()
+    threads = meta["threads"]
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    out = torch.empty(sms * threads, dtype=torch.float32, device=device)
+    iters = 20000
+
+    def launch():
+        with torch_stream():
+            fn((sms,), (threads,), (cupy.from_dlpack(out), cupy.int32(iters)))
+    us = timer.us(launch, reps=10)
+    return sms * (threads // 32) * iters * meta["flops_per_iter_warp"] / us / 1e6
