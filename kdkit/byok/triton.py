@@ -1,0 +1,435 @@
+"""Bring your own Triton kernel: a launcher and its @triton.jit kernels become a kdkit backend.
+
+    # backend.py, beside kernel.py (the @triton.jit kernels, `launch`, and optionally `workspace`)
+    from pathlib import Path
+    from kdkit.byok.triton import TritonKernel
+
+    backend = TritonKernel("mine", Path(__file__).with_name("kernel.py"))
+
+or, in a notebook cell: `TritonKernel("mine", launch=launch, workspace=workspace)`.
+
+The launcher is a plain function; kdkit passes it, by parameter name:
+  tensors  q [T,H,576], k [T,1,576], v [T,1,512], kv_buffer [N,1,576], qo_indptr, kv_indptr,
+           kv_indices (the prefix only: the "sglang" layout), custom_mask (uint8, or None),
+           mask_indptr, out [T,H,512] and lse [T,H] fp32 (contiguous, written by the launcher)
+  scalars  bs, num_heads, num_tokens, max_q_len, max_kv_len (ints, read once per batch),
+           sm_scale, logit_cap (floats), causal (bool)
+  options  its other parameters with a default (int, float or bool): the backend's declared
+           tuning options, e.g. `nsplit=4`; `run(case, nsplit=8)`, `--opt nsplit=8`, sweeps
+  workspace  its parameters without a default that are none of the above: the buffers that
+           `workspace(...)` returns as a dict, allocated once per batch (it takes, by name, any
+           scalar, option and `device`), so that a launch allocates nothing.
+The backend meets kdkit's contract (NAME, LABEL, LINT_CLEAN, unavailable, run(case, *, options)
+-> Result, prepare -> Prepared) and has the plan/run pair for CUDA graphs and the server:
+`p = backend.plan(qo_indptr=..., ...)` once per batch, `p.run(q, k, v, kv_buffer)` per layer.
+
+Without a CUDA device the kernels run on the CPU under Triton's interpreter: TRITON_INTERPRET=1
+is set (kdkit.sglang_source.prepare_triton) before kernel.py is loaded, which is why a source file
+is loaded only when the backend first runs, and its options are read from its text (ast) before.
+The interpreter cannot tl.dot bfloat16 (triton-lang/triton#11584), so there bf16 inputs are
+widened to fp32 (exact) and the output is rounded back to bf16. A source file whose text changed
+is loaded again at the next run (edit kernel.py, re-run the cell).
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+import inspect
+import math
+import re
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .. import sglang_source
+from ..backends import BackendUnavailable, Prepared, Result
+from ..kernel.checks import InputError, require
+from ..layout import to_sglang
+
+TENSORS = ("q", "k", "v", "kv_buffer", "qo_indptr", "kv_indptr", "kv_indices", "custom_mask",
+           "mask_indptr", "out", "lse")
+SCALARS = ("bs", "num_heads", "num_tokens", "max_q_len", "max_kv_len", "sm_scale", "logit_cap", "causal")
+INDEX = ("qo_indptr", "kv_indptr", "kv_indices", "mask_indptr")
+DQK, DV = 576, 512
+OPTION_TYPES = (bool, int, float)
+
+
+class SignatureError(ValueError):
+    """A launcher or workspace function kdkit cannot call; the message names the parameter."""
+
+
+@dataclass
+class Signature:
+    """What a launcher takes: case tensors and scalars by name, options with defaults, workspace names."""
+    tensors: tuple
+    scalars: tuple
+    options: dict
+    workspace: tuple
+
+
+def _params_of(fn_or_node) -> list[tuple[str, object, bool]]:
+    """(name, default, has_default) of a function or of its ast FunctionDef (read, never run)."""
+    if isinstance(fn_or_node, ast.FunctionDef):
+        a = fn_or_node.args
+        pos = a.posonlyargs + a.args
+        defaults = [None] * (len(pos) - len(a.defaults)) + list(a.defaults)
+        items = list(zip(pos, defaults)) + list(zip(a.kwonlyargs, a.kw_defaults))
+        out = []
+        for arg, d in items:
+            try:
+                val = ast.literal_eval(d) if d is not None else None
+            except ValueError:
+                raise SignatureError(f"parameter '{arg.arg}': its default is not a literal number "
+                                     "(kdkit reads options from the file's text)") from None
+            out.append((arg.arg, val, d is not None))
+        if a.vararg or a.kwarg:
+            raise SignatureError("*args/**kwargs: name each parameter (kdkit passes them by name)")
+        return out
+    out = []
+    for p in inspect.signature(fn_or_node).parameters.values():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            raise SignatureError("*args/**kwargs: name each parameter (kdkit passes them by name)")
+        out.append((p.name, p.default, p.default is not p.empty))
+    return out
+
+
+def read_signature(launch, workspace=None) -> Signature:
+    """Classify the launcher's parameters (see the module doc); SignatureError names a bad one."""
+    tensors, scalars, options, ws = [], [], {}, []
+    for name, default, has_default in _params_of(launch):
+        if name in TENSORS:
+            tensors.append(name)
+        elif name in SCALARS:
+            scalars.append(name)
+        elif has_default:
+            if type(default) not in OPTION_TYPES:
+                raise SignatureError(f"launch parameter '{name}': default {default!r}; an option's default "
+                                     "is an int, float or bool")
+            options[name] = default
+        else:
+            ws.append(name)
+    if "out" not in tensors:
+        raise SignatureError("launch takes no `out`: name the output parameter out ([T, H, 512], written by the launcher)")
+    if ws and workspace is None:
+        raise SignatureError(f"launch parameter '{ws[0]}' is no case tensor ({', '.join(TENSORS)}) or scalar "
+                             f"({', '.join(SCALARS)}) and has no default; rename it, give it a default (an "
+                             "option), or define workspace() returning it")
+    if workspace is not None:
+        for name, _, has_default in _params_of(workspace):
+            if name not in SCALARS and name not in options and name != "device" and not has_default:
+                raise SignatureError(f"workspace parameter '{name}': workspace() takes scalars "
+                                     f"({', '.join(SCALARS)}), the launcher's options, or device")
+    return Signature(tuple(tensors), tuple(scalars), options, tuple(ws))
+
+
+def _ast_functions(source: Path) -> dict:
+    tree = ast.parse(source.read_text(), filename=str(source))
+    return {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+
+
+def _check_option(name: str, value, default):
+    """The option's value, of its default's type; InputError otherwise."""
+    if type(default) is float and type(value) is int:
+        value = float(value)
+    require(type(value) is type(default), name, f"{value!r} ({type(value).__name__}); this option is "
+            f"{type(default).__name__} (default {default!r})")
+    return value
+
+
+@dataclass
+class TritonPlan:
+    """One batch: its sizes, the workspace, the launcher's fixed arguments. run() per layer."""
+    backend: "TritonKernel"
+    launch_fn: Callable
+    sig: Signature
+    device: torch.device
+    num_tokens: int
+    num_heads: int
+    max_slot: int                 # largest kv_indices value the batch reads (-1: none)
+    fixed: dict                   # metadata tensors, workspace, scalars and options by name
+    out: torch.Tensor             # the plan's own output buffers
+    lse: torch.Tensor
+    options: dict
+
+    def bind(self, q, k, v, kv_buffer, out=None, lse=None, check: bool = True) -> dict:
+        """The launcher's keyword arguments for one layer's tensors (checked: no device read)."""
+        out = self.out if out is None else out
+        lse = self.lse if lse is None else lse
+        if check:
+            self.check_tensors(q, k, v, kv_buffer, out, lse)
+        layer = {"q": q, "k": k, "v": v, "kv_buffer": kv_buffer, "out": out, "lse": lse}
+        args = {n: layer[n] if n in layer else self.fixed[n] for n in self.sig.tensors}
+        args.update({n: self.fixed[n] for n in self.sig.scalars + self.sig.workspace})
+        args.update(self.options)
+        return args
+
+    def check_tensors(self, q, k, v, kv_buffer, out, lse) -> None:
+        T, H = self.num_tokens, self.num_heads
+        for name, t, shape in (("q", q, (T, H, DQK)), ("k", k, (T, 1, DQK)), ("v", v, (T, 1, DV)),
+                               ("out", out, (T, H, DV)), ("lse", lse, (T, H))):
+            require(isinstance(t, torch.Tensor), name, f"{type(t).__name__}; a tensor")
+            require(tuple(t.shape) == shape, name, f"shape {tuple(t.shape)}, want {shape}")
+            require(t.device == self.device, name, f"on {t.device}, the batch's metadata on {self.device}")
+        require(kv_buffer.dim() == 3 and kv_buffer.shape[1:] == (1, DQK), "kv_buffer",
+                f"shape {tuple(kv_buffer.shape)}, want [N, 1, {DQK}] (latent first, then rope)")
+        require(kv_buffer.device == self.device, "kv_buffer", f"on {kv_buffer.device}, want {self.device}")
+        require(self.max_slot < kv_buffer.shape[0], "kv_indices",
+                f"slot {self.max_slot} for a pool of {kv_buffer.shape[0]} rows: the kernel would read outside it")
+        dt = q.dtype
+        for name, t in (("q", q), ("k", k), ("v", v), ("kv_buffer", kv_buffer)):
+            require(t.dtype.is_floating_point and t.dtype == dt, name, f"dtype {t.dtype}; q, k, v and the pool "
+                    f"share one float dtype (q is {dt})")
+            require(t.stride(-1) == 1, name, "its last dim must be contiguous (stride 1)")
+        require(out.is_contiguous() and out.dtype.is_floating_point, "out", "a contiguous float tensor")
+        require(lse.is_contiguous() and lse.dtype == torch.float32, "lse", "a contiguous float32 tensor")
+
+    def run(self, q, k, v, kv_buffer, out=None, lse=None, check: bool = True):
+        """Launch on one layer's tensors (graph-capturable on a GPU). Returns (out, lse): the given
+        buffers, or the plan's own (overwritten by the next run)."""
+        args = self.bind(q, k, v, kv_buffer, out, lse, check)
+        if self.num_tokens:
+            _call(self.launch_fn, args)
+        return args["out"], args.get("lse")
+
+
+def _call(launch_fn, args: dict) -> None:
+    if sglang_source.interpreting():
+        with warnings.catch_warnings():   # NumPy warns on a block's padding rows (log(0), 0/0);
+            warnings.simplefilter("ignore", RuntimeWarning)   # a GPU computes them silently too
+            launch_fn(**args)
+    else:
+        launch_fn(**args)
+
+
+class TritonKernel:
+    """A user's Triton launcher as a kdkit backend (see the module doc)."""
+
+    LINT_CLEAN = True  # never launched on a case the lint finds mis-marshaled (it could read out of bounds)
+
+    def __init__(self, name: str, source=None, *, launch: Callable | None = None,
+                 workspace: Callable | None = None, label: str | None = None):
+        if not re.fullmatch(r"[A-Za-z_]\w*", str(name)):
+            raise ValueError(f"field 'name': {name!r}; a backend name is a Python identifier")
+        if (source is None) == (launch is None):
+            raise ValueError("field 'source': give the kernel file (source=...) or the function (launch=...), "
+                             "one of the two")
+        self.NAME = str(name)
+        self.source = Path(source).resolve() if source is not None else None
+        self._launch, self._workspace, self._loaded = launch, workspace, None
+        where = self.source.name if self.source else getattr(launch, "__name__", "launch")
+        self.LABEL = label or f"{name} ({where}, Triton)"
+        if self.source is not None:
+            if not self.source.is_file():
+                raise ValueError(f"field 'source': {self.source} does not exist (the Triton kernel file)")
+            fns = _ast_functions(self.source)
+            if "launch" not in fns:
+                raise ValueError(f"field 'source': {self.source.name} defines no function `launch`")
+            self.sig = read_signature(fns["launch"], fns.get("workspace"))
+        else:
+            self.sig = read_signature(launch, workspace)
+        self.run = self._declared(self._run_case)
+        self.prepare = self._declared(self._prepare_case)
+
+    def __repr__(self):
+        return f"<TritonKernel {self.NAME}: {self.source or self._launch}>"
+
+    def _declared(self, impl):
+        """impl as a function whose signature declares the options (kdkit reads them off it)."""
+        def call(case, **opts):
+            return impl(case, **opts)
+        params = [inspect.Parameter("case", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+        params += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d) for n, d in self.sig.options.items()]
+        call.__signature__ = inspect.Signature(params)
+        call.__name__, call.__doc__ = impl.__name__.strip("_").removesuffix("_case"), impl.__doc__
+        return call
+
+    # ---- the contract ------------------------------------------------------------------------
+    def unavailable(self, case=None) -> str | None:
+        """Looks only: imports no triton, loads no kernel file, sets no environment variable."""
+        if importlib.util.find_spec("triton") is None:
+            return f"{self.NAME}: triton is not installed; `pip install 'triton>=3.7'` (the CPU interpreter needs it too)"
+        why = sglang_source.triton_problem()
+        if why:
+            return f"{self.NAME}: {why}"
+        if self.source is not None and not self.source.is_file():
+            return f"{self.NAME}: {self.source} does not exist (the Triton kernel file)"
+        return None
+
+    def _functions(self):
+        """(launch, workspace), the source file (re)loaded when its text changed. Switches Triton to
+        its interpreter first where there is no CUDA device."""
+        why = sglang_source.prepare_triton()  # before kernel.py imports triton
+        if why:
+            raise BackendUnavailable(f"{self.NAME}: {why}")
+        if self.source is None:
+            return self._launch, self._workspace
+        text = self.source.read_bytes()
+        key = hashlib.sha256(text).hexdigest()[:16]
+        if self._loaded is None or self._loaded[0] != key:
+            mod_name = f"_kdkit_byok_{self.NAME}_{key}"
+            spec = importlib.util.spec_from_file_location(mod_name, self.source)
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[mod_name] = mod  # (Triton reads a kernel's module globals through it)
+            spec.loader.exec_module(mod)
+            launch, workspace = getattr(mod, "launch", None), getattr(mod, "workspace", None)
+            if not callable(launch):
+                raise ValueError(f"field 'source': {self.source.name} defines no function `launch`")
+            self.sig = read_signature(launch, workspace)
+            for fn in (self.run, self.prepare):  # an edited file may declare other options
+                fn.__signature__ = self._declared(self._run_case).__signature__
+            self._loaded = (key, launch, workspace)
+        return self._loaded[1], self._loaded[2]
+
+    def _options(self, opts: dict) -> dict:
+        bad = sorted(set(opts) - set(self.sig.options))
+        if bad:
+            raise TypeError(f"{self.NAME}: unknown option(s) {', '.join(bad)}; this backend takes "
+                            f"{', '.join(self.sig.options) or 'no options'}")
+        return {n: _check_option(n, opts.get(n, d), d) for n, d in self.sig.options.items()}
+
+    # ---- plan / run --------------------------------------------------------------------------
+    def plan(self, *, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, custom_mask=None,
+             mask_indptr=None, logit_cap: float = 0.0, causal: bool = True, num_tokens: int | None = None,
+             max_q_len: int | None = None, max_kv_len: int | None = None, out_dtype=torch.bfloat16,
+             check: bool = True, **options) -> TritonPlan:
+        """Host work for one batch (the "sglang" layout: kv_indices cover each request's prefix):
+        checks, the workspace, the output buffers. check=True reads the index arrays once and refuses
+        bad contents; check=False with num_tokens, max_q_len and max_kv_len reads nothing from the
+        device (planning inside CUDA-graph capture); the pool bound is then not checked."""
+        launch, workspace = self._functions()
+        opts = self._options(options)
+        if custom_mask is not None and custom_mask.dtype == torch.bool:
+            custom_mask = custom_mask.view(torch.uint8)  # same bytes; a kernel reads != 0
+        meta = {"qo_indptr": qo_indptr, "kv_indptr": kv_indptr, "kv_indices": kv_indices,
+                "custom_mask": custom_mask, "mask_indptr": mask_indptr}
+        sizes = _check_batch(meta, int(num_heads), float(sm_scale), float(logit_cap), values=check)
+        if not check:
+            require(None not in (num_tokens, max_q_len, max_kv_len), "check",
+                    "check=False reads nothing: give num_tokens, max_q_len and max_kv_len")
+            sizes.update(num_tokens=int(num_tokens), max_q_len=int(max_q_len), max_kv_len=int(max_kv_len))
+        else:
+            for name, val in (("num_tokens", num_tokens), ("max_q_len", max_q_len), ("max_kv_len", max_kv_len)):
+                require(val is None or int(val) >= sizes[name], name, f"{val}, but the batch needs {sizes[name]}")
+                if val is not None:
+                    sizes[name] = int(val)
+        dev = qo_indptr.device
+        T, H = sizes["num_tokens"], int(num_heads)
+        scalars = {"bs": sizes["bs"], "num_heads": H, "num_tokens": T, "max_q_len": sizes["max_q_len"],
+                   "max_kv_len": sizes["max_kv_len"], "sm_scale": float(sm_scale),
+                   "logit_cap": float(logit_cap), "causal": bool(causal)}
+        ws = {}
+        if workspace is not None:
+            names = [n for n, _, _ in _params_of(workspace)]
+            given = {**scalars, **opts, "device": dev}
+            ws = workspace(**{n: given[n] for n in names if n in given})
+            require(isinstance(ws, dict) and set(self.sig.workspace) <= set(ws), "workspace",
+                    f"workspace() must return a dict holding {', '.join(self.sig.workspace) or 'its buffers'}")
+        out = torch.empty((T, H, DV), dtype=out_dtype, device=dev)
+        lse = torch.empty((T, H), dtype=torch.float32, device=dev)
+        return TritonPlan(self, launch, self.sig, dev, T, H, sizes["max_slot"], {**meta, **ws, **scalars},
+                          out, lse, opts)
+
+    def _plan_case(self, case, opts: dict):
+        """The case in the sglang layout on the run device (bf16 widened under the interpreter), planned."""
+        case = to_sglang(case) if case.layout == "unified" else case
+        self._functions()  # the interpreter switch comes first
+        interpret = sglang_source.interpreting()
+        device = torch.device("cuda" if torch.cuda.is_available() and not interpret else "cpu")
+        widen = interpret and case.q.dtype == torch.bfloat16
+
+        def dev(t):  # a copy: the kernel never touches the case
+            if t is None:
+                return None
+            return t.to(device=device, dtype=torch.float32 if widen and t.is_floating_point() else t.dtype, copy=True)
+
+        x = {n: dev(getattr(case, n)) for n in ("q", "k", "v", "kv_buffer", *INDEX, "custom_mask")}
+        p = self.plan(qo_indptr=x["qo_indptr"], kv_indptr=x["kv_indptr"], kv_indices=x["kv_indices"],
+                      custom_mask=x["custom_mask"], mask_indptr=x["mask_indptr"], num_heads=case.num_heads,
+                      sm_scale=case.sm_scale, logit_cap=case.logit_cap, causal=case.causal,
+                      out_dtype=torch.float32 if widen else case.q.dtype, **opts)
+        args = p.bind(x["q"], x["k"], x["v"], x["kv_buffer"])
+        back = (lambda t: t.to(case.q.dtype)) if widen else (lambda t: t.clone())
+        info = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                "interpreter": interpret, "source": str(self.source or self._launch), **p.options}
+        import triton  # already imported by the kernel file: only its version is read here
+        opts_txt = "".join(f", {k} {v}" for k, v in p.options.items())
+        info["ran"] = (f"{self.NAME} ({self.source.name if self.source else 'launch'}, Triton {triton.__version__})"
+                       f" on {info['device']}{opts_txt}" + (" under TRITON_INTERPRET=1" if interpret else ""))
+        if widen:
+            info["note"] = "bf16 inputs widened to fp32 (the interpreter cannot tl.dot bf16); the output is rounded to bf16"
+        return p, args, back, info
+
+    def _run_case(self, case, **opts) -> Result:
+        p, args, back, info = self._plan_case(case, self._options(opts))
+        if p.num_tokens:
+            _call(p.launch_fn, args)
+        if p.device.type == "cuda":
+            torch.cuda.synchronize(p.device)
+        return Result(back(p.out), p.lse.clone() if "lse" in p.sig.tensors else None, info)
+
+    def _prepare_case(self, case, **opts) -> Prepared:
+        p, args, back, info = self._plan_case(case, self._options(opts))
+        fn = p.launch_fn
+
+        def launch():
+            if p.num_tokens:
+                _call(fn, args)
+        lse = "lse" in p.sig.tensors  # a launcher without lse gives none
+        return Prepared(launch=launch, result=lambda: Result(back(p.out), p.lse.clone() if lse else None, info),
+                        graph_safe=p.device.type == "cuda", info=info)
+
+
+def _check_batch(m: dict, num_heads: int, sm_scale: float, logit_cap: float, values: bool) -> dict:
+    """Checks of one batch's metadata, InputError naming the field; with values=True the index
+    arrays are read once (host) for their contents and the sizes. Returns the sizes."""
+    require(num_heads >= 1, "num_heads", f"{num_heads}; at least 1")
+    require(math.isfinite(sm_scale) and sm_scale > 0, "sm_scale", f"{sm_scale}; finite and > 0 (the layer's scaling)")
+    require(math.isfinite(logit_cap) and logit_cap >= 0, "logit_cap", f"{logit_cap}; finite and >= 0 (0 = no cap)")
+    for name in INDEX:
+        t = m[name]
+        if name == "mask_indptr" and t is None and m["custom_mask"] is None:
+            continue
+        require(isinstance(t, torch.Tensor), name, "missing" if t is None else f"{type(t).__name__}; a tensor")
+        require(t.dtype in (torch.int32, torch.int64) and t.dim() == 1, name, f"dtype {t.dtype}, {t.dim()}-D; "
+                "a 1-D int32 or int64 tensor")
+        require(t.device == m["qo_indptr"].device, name, f"on {t.device}, qo_indptr on {m['qo_indptr'].device}")
+    bs = m["qo_indptr"].numel() - 1
+    require(bs >= 1, "qo_indptr", "needs bs+1 >= 2 entries")
+    require(m["kv_indptr"].numel() == bs + 1, "kv_indptr", f"{m['kv_indptr'].numel()} entries for bs={bs}; want bs+1")
+    mask = m["custom_mask"]
+    if mask is not None:
+        require(mask.dtype == torch.uint8 and mask.dim() == 1 and mask.is_contiguous(), "custom_mask",
+                f"dtype {mask.dtype}, {mask.dim()}-D; a flat contiguous bool or uint8 tensor")
+        require(m["mask_indptr"].numel() == bs + 1, "mask_indptr", f"{m['mask_indptr'].numel()} entries for "
+                f"bs={bs}; want bs+1 start offsets as SGLang passes them (run `kdkit inspect`)")
+    sizes = {"bs": bs, "num_tokens": 0, "max_q_len": 0, "max_kv_len": 0, "max_slot": -1}
+    if not values:
+        return sizes
+    qo, kvp = m["qo_indptr"].tolist(), m["kv_indptr"].tolist()
+    q_lens = [b - a for a, b in zip(qo, qo[1:])]
+    pre = [b - a for a, b in zip(kvp, kvp[1:])]
+    require(qo[0] == 0 and min(q_lens) >= 0, "qo_indptr", f"{qo[:6]}...: starts at 0 and never decreases")
+    require(kvp[0] == 0 and min(pre) >= 0, "kv_indptr", f"{kvp[:6]}...: starts at 0 and never decreases")
+    n_idx = m["kv_indices"].numel()
+    require(kvp[-1] <= n_idx, "kv_indptr", f"ends at {kvp[-1]}, past kv_indices ({n_idx} entries)")
+    used = m["kv_indices"][:kvp[-1]]
+    require(not used.numel() or int(used.min()) >= 0, "kv_indices", "a negative slot")
+    if mask is not None:
+        mip = m["mask_indptr"].tolist()
+        for b in range(bs):
+            need = mip[b] + q_lens[b] * (pre[b] + q_lens[b])
+            require(mip[b] >= 0 and need <= mask.numel(), "custom_mask",
+                    f"request {b} reads mask[{mip[b]}:{need}] ({q_lens[b]} x ({pre[b]}+{q_lens[b]})) but the "
+                    f"mask has {mask.numel()} entries; run `kdkit inspect`: mask, mask_indptr or kv_indptr is "
+                    "marshaled wrongly")
+    sizes.update(num_tokens=qo[-1], max_q_len=max(q_lens), max_kv_len=max(p + q for p, q in zip(pre, q_lens)),
+                 max_slot=int(used.max()) if used.numel() else -1)
+    return sizes
+
+
+__all__ = ["TritonKernel", "TritonPlan", "Signature", "SignatureError", "read_signature", "InputError"]
