@@ -226,3 +226,33 @@ def test_export_again_adds_nothing_and_keeps_a_different_definition(tmp_path):
     fit.export(tmp_path, [DATA / "ragged-bs4.pt"], overwrite=True)
     assert Definition.model_validate_json(d.read_text()).name == "mla_tree_verify_h8_ckv512_kpe64"
     assert len(wl.read_text().splitlines()) == 2  # the first case's workload is kept
+
+
+def test_the_command_line_pieces(tmp_path):
+    """What `kdkit export` is wired from: the arguments, and export_files saying what it wrote."""
+    import argparse
+    p = argparse.ArgumentParser()
+    fit.add_arguments(p)
+    args = p.parse_args(["--flashinfer-trace", str(tmp_path), str(DATA / "seed-shape.pt")])
+    said = []
+    written = fit.export_files(args.flashinfer_trace, [Path(c) for c in args.cases], args.force, out=said.append)
+    assert [Path(s) for s in said[:-1]] == written and len(written) == 3 and "1 case(s)" in said[-1]
+    assert {p.relative_to(tmp_path).parts[0] for p in written} == {"definitions", "workloads", "blob"}
+
+
+def test_a_triton_solution_needs_a_gpu_or_the_interpreter(tmp_path, monkeypatch, cases, oracle_of):
+    """The loader's triton path (the same import as python); the sources here are the reference
+    relabeled, so what is tested is the availability rule and the load, not a Triton kernel."""
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU a Triton solution is always available")
+    monkeypatch.setenv("KDKIT_TRACE_CACHE", str(tmp_path / "cache"))
+    sol = fit.reference_solution(fit.definition(8, "sglang"), name="as_triton")
+    sol["spec"]["language"] = "triton"
+    be = fit.solution_backend(_write(tmp_path, sol))
+    case = cases[DATA / "seed-shape.pt"]
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert "TRITON_INTERPRET=1" in be.unavailable(case)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert be.unavailable(case) is None
+    res = be.run(case)
+    assert judged(case, res.out, res.lse, oracle_of).passed and "triton" in res.ran
