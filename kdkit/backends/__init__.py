@@ -24,7 +24,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 
@@ -35,6 +35,7 @@ BACKENDS = {
     "triton_sglang": "kdkit.backends.triton_sglang",
     "cuda": "kdkit.backends.cuda",
     "captured": "kdkit.backends.captured",
+    "flashinfer_mla": "kdkit.backends.flashinfer_mla",
 }
 
 
@@ -47,6 +48,15 @@ class Result:
     @property
     def ran(self) -> str:
         return str(self.info.get("ran", ""))
+
+
+@dataclass
+class Prepared:
+    launch: Callable[[], None]      # launch only: inputs/outputs already on the device; no host
+                                    # sync, no allocation, no device read; what the bench times
+    result: Callable[[], Result]    # the output of the last launch (the bench judges it first)
+    graph_safe: bool = False        # launch may be captured in a CUDA graph and replayed
+    info: dict = field(default_factory=dict)   # info["ran"]; the cuda backend adds nsplit, module
 
 
 class BackendUnavailable(RuntimeError):
@@ -118,5 +128,5 @@ def run(name: str, case, **opts) -> Result:
     return res
 
 
-__all__ = ["BACKENDS", "Result", "BackendUnavailable", "get", "resolve", "options", "check_options",
+__all__ = ["BACKENDS", "Result", "Prepared", "BackendUnavailable", "get", "resolve", "options", "check_options",
            "unavailable", "needs_clean_case", "run"]
