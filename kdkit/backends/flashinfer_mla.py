@@ -27,6 +27,14 @@ VERSION_MEASURED = "0.7.2.post1"
 MODE = "fa2 MLA, causal over the draft rows (no tree mask)"
 WORKSPACE_BYTES = 128 << 20  # FlashInfer's float workspace for split-KV partials; its docs' usual size
 ROPE_DIM = QK_DIM - KV_LORA_RANK
+# How far FlashInfer's LSE may be from the exact one: it is m + log(d) with d the row sum of P after
+# P is rounded to bf16 for the P.V product (mla.cuh sums p_f16 through an mma), so d is off by at
+# most 2^-8 relative (every term rounds by <= 2^-8 of itself, all positive) and the LSE by at most
+# ln(1 + 2^-8) < 2^-8 absolute, plus fp32 noise far below that. It is not the fp32 LSE that
+# compare.judge's LSE rule (12 units of 2^-24 (|lse| + cond)) holds kernels to: on the H200 it
+# erred 35-900 of those units (max |dlse| 1.1e-3 at the seed's shape, 6e-5..1.6e-4 at 8K-32K).
+# Judge its output by compare.judge's output-only rule and its LSE by this bound.
+LSE_ABS_BOUND = 2.0 ** -8
 
 
 def _version() -> str | None:
@@ -120,7 +128,8 @@ def prepare(case, *, page_size: int = 64) -> Prepared:
     w = BatchMLAPagedAttentionWrapper(torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=dev),
                                       use_cuda_graph=True, backend="fa2", **reserved)
     # FlashInfer's LSE is log2-based (its softmax runs in exp2); lse_mode "basee" has the kernel
-    # scale it by ln 2 on the device, so lse comes back in natural log as Result.lse wants.
+    # scale it by ln 2 on the device, so lse comes back in natural log as Result.lse wants (its
+    # precision: LSE_ABS_BOUND).
     w.plan(metadata=MLAPlanMetadata.csr(x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_lens),
            num_heads=H, head_dim_ckv=KV_LORA_RANK, head_dim_kpe=ROPE_DIM, page_size=page_size,
            causal=True, sm_scale=case.sm_scale, q_data_type=x.q.dtype, kv_data_type=x.kv.dtype,
