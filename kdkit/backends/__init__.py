@@ -50,6 +50,7 @@ BACKENDS = {
     "triton_decode": "kdkit.backends.triton_decode",
     "cuda": "kdkit.backends.cuda",
     "captured": "kdkit.backends.captured",
+    "flashinfer_mla": "kdkit.backends.flashinfer_mla",
 }
 
 
