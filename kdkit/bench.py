@@ -149,10 +149,10 @@ def mma_tflops(timer: Timer, device) -> float:
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     out = torch.empty(sms * threads, dtype=torch.float32, device=device)
     iters = 20000
-    from .kernel.api import _torch_stream
+    from .kernel.launch import cupy_stream
 
     def launch():
-        with _torch_stream():
+        with cupy_stream():
             fn((sms,), (threads,), (cupy.from_dlpack(out), cupy.int32(iters)))
     us = timer.us(launch, reps=10)
     return sms * (threads // 32) * iters * meta["flops_per_iter_warp"] / us / 1e6
@@ -169,7 +169,7 @@ def make_case(shape: Shape):
 def cuda_launcher(case, x, nsplit=None):
     from . import kernel
     from .backends import cuda
-    p = cuda.plan_case(case, x, nsplit=nsplit)
+    p = cuda.plan_case(case, x, kernel.PlanOptions(nsplit=nsplit))
     return (lambda: kernel.run(p, x["q"], x["k"], x["v"], x["kv_buffer"])), p
 
 

@@ -21,7 +21,7 @@ bs, prefix, q_len = (int(a) for a in sys.argv[1:4])
 nsplit, nt, nh = (int(a) or None for a in (sys.argv[4:7] + ["0"] * 3)[:3])
 case = make_case(Shape(bs, prefix, q_len))
 x = cuda.to_device(case)
-p = cuda.plan_case(case, x, nsplit=nsplit, nt=nt, nh=nh)
+p = cuda.plan_case(case, x, kernel.PlanOptions(nsplit=nsplit, nt=nt, nh=nh))
 print(p.info, flush=True)
 for _ in range(3):
     kernel.run(p, x["q"], x["k"], x["v"], x["kv_buffer"])

@@ -63,7 +63,7 @@ class Probe:
         self.fn.max_dynamic_shared_size_bytes = self.smem
 
     def launcher(self, x, nsplit):
-        from kdkit.kernel.api import _torch_stream
+        from kdkit.kernel.launch import cupy_stream
         bs, H, q_len = len(x["kv_lens"]), x["H"], x["q_len"]
         total_rows = bs * q_len * H
         o_part = torch.empty(nsplit, total_rows, DL, dtype=torch.float32, device=x["q"].device)
@@ -77,7 +77,7 @@ class Probe:
         grid = (-(-q_len * H // ROWS), nsplit, bs)
 
         def launch():
-            with _torch_stream():
+            with cupy_stream():
                 self.fn(grid, (256,), args, shared_mem=self.smem)
         return launch, o_part, lse_part
 
@@ -135,8 +135,8 @@ def kdkit_launcher(x, nsplit):
     T = bs * q_len
     pfx = torch.tensor([n - q_len for n in x["kv_lens"]], dtype=torch.int64, device=x["q"].device)
     p = kernel.plan(qo_indptr=x["qo_indptr"], kv_indptr=x["kv_indptr"], kv_indices=x["kv_indices"], num_heads=H,
-                    sm_scale=x["sm_scale"], prefix_lens=pfx, layout="unified", causal=False, nsplit=nsplit, nt=5,
-                    skip=False)
+                    sm_scale=x["sm_scale"], prefix_lens=pfx, layout="unified", causal=False,
+                    options=kernel.PlanOptions(nsplit=nsplit, nt=5, skip=False))
     k = torch.zeros(T, 1, D, dtype=torch.bfloat16, device=x["q"].device)
     v = torch.zeros(T, 1, DL, dtype=torch.bfloat16, device=x["q"].device)
     return (lambda: kernel.run(p, x["q"], k, v, x["pool"])), p
