@@ -85,6 +85,9 @@ class Plan:
     _keep: list = field(default_factory=list)  # workspace the argument points into
     _seen: tuple | None = None     # the tensors' metadata of the last run() that passed check_tensors
 
+    def __post_init__(self):
+        self.device_index = self.device.index  # (read per run: an int, not a torch.device attribute)
+
     @property
     def info(self) -> dict:
         return {"nsplit": self.nsplit, "rows_per_cta": self.rows_per_cta, "grid": self.grid, "warps": self.threads // 32,
@@ -242,7 +245,7 @@ def bind(p: Plan, q, k, v, kv_buffer, out=None, lse=None):
     if sig != p._seen or (qp | kp | vp | bp | op) & 15:
         check_tensors(p, q, k, v, kv_buffer, out, lse)  # raises InputError, naming the field
         p._seen = sig
-    if launch.current_device() != p.device.index:
+    if launch.current_device() != p.device_index:
         require(False, "q", f"the plan is for {p.device} but the current device is cuda:{launch.current_device()} "
                 f"(the launch goes to its stream); run under `with torch.cuda.device({p.device.index}):`")
     qs, os_ = sig[1], o.stride()
@@ -254,5 +257,5 @@ def run(p: Plan, q, k, v, kv_buffer, out=None, lse=None):
     """Launch on one layer's tensors (graph-capturable). Returns (out, lse): the given buffers,
     or the plan's own (overwritten by the next run)."""
     o, l = bind(p, q, k, v, kv_buffer, out, lse)
-    p.launcher(launch.current_raw_stream(p.device.index))
+    p.launcher(launch.current_raw_stream(p.device_index))
     return o, l
