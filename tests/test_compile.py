@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(
 @pytest.mark.parametrize("arch", ["sm_120", "sm_90"])
 def test_fits_sm120_limits(arch):
     rep = vk.compile_report(arch)
-    assert set(vk.KERNELS) <= set(rep.kernels)
+    assert {e.symbol for e in vk.MLA_TC.entries} == {vk.PARTIAL, vk.MERGE} <= set(rep.kernels)
     assert rep.breaches() == [], rep.table()
     partial = rep.kernels[vk.PARTIAL]
     assert partial.smem_static + rep.dynamic_smem <= 99 * 1024
@@ -178,7 +178,7 @@ def test_breach_is_reported():
     """A block over sm_120's shared memory must fail to build (static_assert) and be named."""
     cfg = vk.KernelConfig()
     with pytest.raises(jit.BuildError, match="99 KB"):
-        jit.build(vk.SOURCE, {**cfg.defines(), "KD_NT": 7}, "sm_120", prelude=params.struct_text())
+        jit.build(vk.MLA_TC.source, {**cfg.defines(), "KD_NT": 7}, "sm_120", prelude=params.struct_text())
 
 
 def test_params_layout_mismatch_is_a_build_error(monkeypatch):
@@ -186,7 +186,7 @@ def test_params_layout_mismatch_is_a_build_error(monkeypatch):
     the struct's `int` fields as 8 bytes), the build must stop and name the field."""
     monkeypatch.setitem(params._NP, "int", __import__("numpy").int64)
     with pytest.raises(jit.BuildError, match="KdParams.num_heads: size differs"):
-        jit.build(vk.SOURCE, vk.KernelConfig().defines(), "sm_90", prelude=params.struct_text())
+        jit.build(vk.MLA_TC.source, vk.KernelConfig().defines(), "sm_90", prelude=params.struct_text())
 
 
 def test_module_key_is_readable():
@@ -198,12 +198,12 @@ def test_edited_header_is_never_served_stale(tmp_path, monkeypatch):
     monkeypatch.setenv("KDKIT_CACHE", str(tmp_path / "cache"))
     src = tmp_path / "cuda"
     shutil.copytree(jit.CUDA_DIR, src)
-    a = jit.build(src / vk.SOURCE, vk.KernelConfig().defines(), "sm_90", prelude=params.struct_text())
-    b = jit.build(src / vk.SOURCE, vk.KernelConfig().defines(), "sm_90", prelude=params.struct_text())
+    a = jit.build(src / vk.MLA_TC.source, vk.KernelConfig().defines(), "sm_90", prelude=params.struct_text())
+    b = jit.build(src / vk.MLA_TC.source, vk.KernelConfig().defines(), "sm_90", prelude=params.struct_text())
     assert a.key == b.key  # cached
     hdr = src / "kd_common.cuh"
     hdr.write_text(hdr.read_text() + "\n// an edit\n")
-    c = jit.build(src / vk.SOURCE, vk.KernelConfig().defines(), "sm_90", prelude=params.struct_text())
+    c = jit.build(src / vk.MLA_TC.source, vk.KernelConfig().defines(), "sm_90", prelude=params.struct_text())
     assert c.key != a.key
 
 
@@ -217,7 +217,7 @@ def test_errors_name_the_real_file_and_line(tmp_path, monkeypatch):
     lines.insert(at, "this_is_not_cuda;")
     hdr.write_text("\n".join(lines) + "\n")
     with pytest.raises(jit.BuildError) as e:
-        jit.build(src / vk.SOURCE, vk.KernelConfig().defines(), "sm_90", prelude=params.struct_text())
+        jit.build(src / vk.MLA_TC.source, vk.KernelConfig().defines(), "sm_90", prelude=params.struct_text())
     assert f"{hdr}({at + 1})" in str(e.value)
 
 
@@ -228,6 +228,41 @@ ptxas         .     24 bytes stack frame, 8 bytes spill stores, 12 bytes spill l
 ptxas info    : Used 255 registers, used 1 barriers, 4096 bytes smem, 16 bytes lmem"""
     k = jit.parse_ptxas(log)["kfn"]
     assert (k.registers, k.smem_static, k.stack, k.spill_stores, k.spill_loads, k.local) == (255, 4096, 24, 8, 12, 16)
+
+
+def test_the_spec_holds_every_kernel_with_its_own_report():
+    """KERNELS: per kernel its source, entry points and resource report; the MLA kernel (plan/run)
+    and the bench's mma.sync microbenchmark, which builds as it is (no KernelConfig)."""
+    assert list(vk.KERNELS) == ["mla_tc", "mma_peak"] and vk.KERNELS["mla_tc"] is vk.MLA_TC
+    reps = vk.compile_reports("sm_120")
+    assert set(reps) == set(vk.KERNELS)
+    peak = reps["mma_peak"]
+    assert peak.key.startswith("mma_peak-sm_120-") and set(peak.kernels) == {"kd_mma_peak"}
+    assert peak.breaches() == [], peak.table()
+    assert peak.meta["threads"] == 256 and peak.meta["flops_per_iter_warp"] > 0
+    assert "kd_mma_peak" in peak.table() and vk.PARTIAL not in peak.table()
+    assert reps["mla_tc"].key == vk.compile_report("sm_120").key and reps["mla_tc"].breaches() == []
+    with pytest.raises(ValueError, match="takes no KernelConfig"):
+        vk.compile_report("sm_120", vk.KernelConfig(nt=1), kernel="mma_peak")
+    with pytest.raises(ValueError, match="kernel 'nope': choose one of mla_tc, mma_peak"):
+        vk.compile_report("sm_120", kernel="nope")
+    # a kernel whose build lacks an entry point or a meta value the host reads is a breach
+    odd = vk.CompileReport("sm_120", "k", peak.kernels, {}, [], vk.KernelSpec(
+        "odd", "mma_peak.cu", (vk.Entry("kd_mma_peak", "threads"), vk.Entry("kd_other", 32)), meta=("threads",)))
+    assert odd.breaches() == ["kd_other: not in ptxas' report", "kd_meta_threads: not exported by the build"]
+
+
+def test_the_workspace_rule_is_one_function():
+    """nsplit x rows x DL x 4 bytes <= WORKSPACE_LIMIT: schedule.workspace_fits, which the planner's
+    bound (max_splits) and plan's refusal use; one split needs none."""
+    limit, row = schedule.WORKSPACE_LIMIT, vk.DL * 4
+    for rows in (1, 72, 4096, limit // row, limit // row + 1, 10 ** 7):
+        n = schedule.workspace_splits(rows)
+        assert schedule.workspace_fits(1, rows) and schedule.workspace_fits(n, rows)
+        assert n == 1 or n * rows * row <= limit < (n + 1) * rows * row
+        assert not schedule.workspace_fits(n + 1, rows)
+        assert schedule.max_splits(10 ** 9, rows) == min(vk.MAX_SPLITS, n)
+    assert schedule.workspace_bytes(1, 4096) == 0 and schedule.workspace_bytes(3, 4096) == 3 * 4096 * row
 
 
 def test_cli_compile(capsys):
@@ -257,7 +292,7 @@ def test_include_with_trailing_comment_is_inlined(tmp_path, monkeypatch):
     monkeypatch.setenv("KDKIT_CACHE", str(tmp_path / "cache"))
     src = tmp_path / "cuda"
     shutil.copytree(jit.CUDA_DIR, src)
-    cu = src / vk.SOURCE
+    cu = src / vk.MLA_TC.source
     cu.write_text(cu.read_text().replace('#include "kd_common.cuh"',
                                          '#include "kd_common.cuh"  // types + helpers'))
     a = jit.build(cu, vk.KernelConfig().defines(), "sm_90", prelude=params.struct_text())
@@ -306,7 +341,7 @@ def test_block_and_split_choice():
     # the workspace bound: no more splits than keep total_rows x DL fp32 partials within the limit
     rows = 4096
     ns = schedule.choose(1, rows, 10 ** 6, 132, rows)[1]
-    assert ns * rows * schedule.DL * 4 <= schedule.WORKSPACE_LIMIT
+    assert schedule.workspace_fits(ns, rows) and ns * rows * schedule.DL * 4 <= schedule.WORKSPACE_LIMIT
     # either may be fixed by the caller
     assert schedule.choose(1, 72, 32777, 132, 72, nt=3)[0] == 3
     assert schedule.choose(1, 72, 32777, 132, 72, nsplit=7)[1] == 7

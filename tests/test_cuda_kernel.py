@@ -188,7 +188,7 @@ def test_cuda_graph_replay(max_q_len):
     c0 = cases[0]
     p = kernel.plan(qo_indptr=x["qo_indptr"], kv_indptr=x["kv_indptr"], kv_indices=x["kv_indices"],
                     custom_mask=x["custom_mask"], mask_indptr=x["mask_indptr"], num_heads=c0.num_heads,
-                    sm_scale=c0.sm_scale, max_q_len=max_q_len, max_kv_len=1509)
+                    sm_scale=c0.sm_scale, options=kernel.PlanOptions(max_q_len=max_q_len, max_kv_len=1509))
     assert p.nsplit > 1  # the merge kernel is part of the graph too
     kernel.run(p, x["q"], x["k"], x["v"], x["kv_buffer"])  # warm-up outside capture (module load)
     torch.cuda.synchronize()
@@ -465,7 +465,7 @@ def test_triton_decode_baseline_is_per_node_attention():
 # ---- bad input: a clear Python error before any launch -----------------------------------
 def _plan(case, x=None, **kw):
     x = x or cuda.to_device(case)
-    return cuda.plan_case(case, x, **kw), x
+    return cuda.plan_case(case, x, kernel.PlanOptions(**kw)), x
 
 
 def test_rejects_wrong_dtype():
@@ -506,8 +506,8 @@ def test_rejects_the_gather_where_its_end_mark_cannot_reach():
                kv_indptr=torch.tensor([0, 0], dtype=torch.int32, device=dev),
                kv_indices=torch.zeros(0, dtype=torch.int32, device=dev), num_heads=1, sm_scale=1.0, causal=True)
     with pytest.raises(kernel.InputError, match="field 'skip'.*16-bit end mark"):
-        kernel.plan(**ind, skip="gather")
-    assert kernel.plan(**ind, skip=False).nsplit >= 1
+        kernel.plan(**ind, options=kernel.PlanOptions(skip="gather"))
+    assert kernel.plan(**ind, options=kernel.PlanOptions(skip=False)).nsplit >= 1
 
 
 def test_rejects_bad_nsplit_and_mutant():
@@ -539,3 +539,41 @@ def test_plans_a_batch_without_query_tokens_and_16_warp_gathers():
     assert out.shape[0] == 0
     p, _ = _plan(synth.seed_shape(), nh=2, skip="gather")
     assert p.config.nt >= 2 and p.config.skip == "gather"
+
+
+def test_run_binds_each_layers_tensors_to_their_own_fields_and_rechecks_what_changed():
+    """run() writes one layer's pointers and strides into the plan's packed argument by position
+    (params.LAYER, in PER_LAYER's order): distinct strides everywhere, so a swapped pair cannot
+    pass. Its full check runs again whenever shapes, strides, dtypes or devices change, and the
+    alignment on every call: a bad layer after good ones is still refused by name."""
+    from kdkit.kernel import params
+    case = synth.seed_shape()
+    p, x = _plan(case)
+    T, H = case.num_tokens, case.num_heads
+    bf = dict(dtype=torch.bfloat16, device="cuda")
+    q = torch.randn(T, H + 1, 576, **bf)[:, :H]           # head stride 576, token stride (H + 1) * 576
+    k = torch.randn(T, 1, 600, **bf)[..., :576]
+    v = torch.randn(T, 1, 520, **bf)[..., :512]
+    kv = torch.randn(x["kv_buffer"].shape[0], 1, 584, **bf)[..., :576]
+    out = torch.empty(T, H + 2, 512, **bf)[:, :H]
+    lse = torch.empty(T, H, dtype=torch.float32, device="cuda")
+    for _ in range(2):  # the second call takes the fast path
+        kernel.run(p, q, k, v, kv, out=out, lse=lse)
+    want = {"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "kv_buf": kv.data_ptr(),
+            "out": out.data_ptr(), "lse": lse.data_ptr(), "q_stride_tok": (H + 1) * 576, "q_stride_head": 576,
+            "k_stride_tok": 600, "v_stride_tok": 520, "kv_stride_row": 584, "out_stride_tok": (H + 2) * 512,
+            "out_stride_head": 512}
+    assert set(want) == set(params.PER_LAYER)
+    for name, value in want.items():
+        assert int(p.args.arr[name][0]) == value, name
+    assert int(p.args.arr["num_heads"][0]) == H and int(p.args.arr["nsplit"][0]) == p.nsplit
+    torch.cuda.synchronize()
+    # after good calls: a misaligned view of the same shape and strides, a wrong dtype, a short pool
+    odd = torch.empty(T * H * 576 + 8, **bf)[1:1 + T * H * 576].view(T, H, 576)
+    with pytest.raises(kernel.InputError, match="field 'q': starts at address"):
+        kernel.run(p, odd, x["k"], x["v"], x["kv_buffer"])
+    with pytest.raises(kernel.InputError, match="field 'q'"):
+        kernel.run(p, x["q"].half(), x["k"], x["v"], x["kv_buffer"])
+    kernel.run(p, x["q"], x["k"], x["v"], x["kv_buffer"])
+    with pytest.raises(kernel.InputError, match="kv_buffer"):
+        kernel.run(p, x["q"], x["k"], x["v"], x["kv_buffer"][:2])

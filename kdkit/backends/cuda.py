@@ -1,10 +1,17 @@
-"""kdkit's CUDA kernel as a backend: a case in, the kernel's output out (kdkit.kernel does the work)."""
+"""kdkit's CUDA kernel as a backend: a case in, the kernel's output out (kdkit.kernel does the work).
+
+prepare() plans once and puts the case on the device once; its launch is kernel.run on those
+buffers (graph-capturable: no sync, allocation or device read), which the bench times. run() is
+prepare, one launch, and the result."""
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 
 from .. import kernel
-from . import Result
+from ..kernel import PlanOptions
+from . import Prepared, Result
 
 NAME = "cuda"
 LABEL = "kdkit CUDA kernel"
@@ -29,26 +36,53 @@ def to_device(case, device="cuda") -> dict:
              "custom_mask", "mask_indptr")}
 
 
-def plan_case(case, x: dict, **opts) -> kernel.Plan:
-    """A plan for a case's batch; a one-off run knows its requests, so the grid is sized for the
-    longest (max_q_len) rather than for all T tokens."""
-    opts.setdefault("max_q_len", max(case.q_lens))
-    return kernel.plan(qo_indptr=x["qo_indptr"], kv_indptr=x["kv_indptr"], kv_indices=x["kv_indices"],
-                       prefix_lens=x["prefix_lens"], custom_mask=x["custom_mask"],
-                       mask_indptr=x["mask_indptr"], num_heads=case.num_heads, sm_scale=case.sm_scale,
-                       logit_cap=case.logit_cap, causal=case.causal, layout=case.layout, **opts)
+def problem(case, x: dict) -> dict:
+    """plan()'s problem keywords for a case whose tensors `x` are on the device."""
+    return dict(qo_indptr=x["qo_indptr"], kv_indptr=x["kv_indptr"], kv_indices=x["kv_indices"],
+                prefix_lens=x["prefix_lens"], custom_mask=x["custom_mask"], mask_indptr=x["mask_indptr"],
+                num_heads=case.num_heads, sm_scale=case.sm_scale, logit_cap=case.logit_cap, causal=case.causal,
+                layout=case.layout, dtype=case.q.dtype)
 
 
-def run(case, nsplit: int | None = None, mutant: str | None = None, nt: int | None = None,
+def case_options(case, options: PlanOptions = PlanOptions()) -> PlanOptions:
+    """A one-off run knows its requests, so the grid is sized for the longest (max_q_len) rather
+    than for all T tokens, unless the options say otherwise."""
+    return options if options.max_q_len is not None else replace(options, max_q_len=max(case.q_lens))
+
+
+def plan_case(case, x: dict, options: PlanOptions = PlanOptions()) -> kernel.Plan:
+    """A plan for a case's batch (its tensors `x` on the device)."""
+    return kernel.plan(**problem(case, x), options=case_options(case, options))
+
+
+def prepare(case, *, nsplit: int | None = None, mutant: str | None = None, nt: int | None = None,
+            nh: int | None = None, skip: bool | str | None = None, device: str = "cuda",
+            knockout: str | None = None) -> Prepared:
+    """The case on the device and its plan, made once; launch = kernel.run on them. knockout: a
+    timing-only build with one part switched off (kdkit/kernel/knockouts.py), wrong by design; its
+    label says so, as a mutant's does."""
+    opts = PlanOptions(nsplit=nsplit, mutant=mutant, nt=nt, nh=nh, skip=skip, knockout=knockout)
+    x = to_device(case, device)
+    p = plan_case(case, x, opts)
+    q, k, v, pool = x["q"], x["k"], x["v"], x["kv_buffer"]
+    info = {"device": torch.cuda.get_device_name(p.device), **p.info}
+    wrong = opts.wrong_by_design
+    info["ran"] = f"{info['device']}, nsplit {p.nsplit}, grid {p.grid}, {p.key}" + (f", {wrong}" if wrong else "")
+
+    def launch() -> None:
+        kernel.run(p, q, k, v, pool)
+
+    def result() -> Result:
+        torch.cuda.synchronize(p.device)
+        return Result(p.out.clone(), p.lse.clone(), dict(info))
+
+    return Prepared(launch, result, graph_safe=True, info=info)
+
+
+def run(case, *, nsplit: int | None = None, mutant: str | None = None, nt: int | None = None,
         nh: int | None = None, skip: bool | str | None = None, device: str = "cuda",
         knockout: str | None = None) -> Result:
-    """knockout: a timing-only build with one part switched off (kdkit/kernel/knockouts.py), wrong
-    by design; its label says so."""
-    x = to_device(case, device)
-    p = plan_case(case, x, nsplit=nsplit, mutant=mutant, nt=nt, nh=nh, skip=skip, knockout=knockout)
-    out, lse = kernel.run(p, x["q"], x["k"], x["v"], x["kv_buffer"])
-    torch.cuda.synchronize()
-    info = {"device": torch.cuda.get_device_name(), **p.info}
-    info["ran"] = (f"{info['device']}, nsplit {p.nsplit}, grid {p.grid}, {p.key}"
-                   + (f", MUTANT {mutant}" if mutant else "") + (f", KNOCKOUT {knockout}" if knockout else ""))
-    return Result(out.clone(), lse.clone(), info)
+    prepared = prepare(case, nsplit=nsplit, mutant=mutant, nt=nt, nh=nh, skip=skip, device=device,
+                       knockout=knockout)
+    prepared.launch()
+    return prepared.result()

@@ -45,6 +45,7 @@ class CudaKernel:
                 call.causal, call.max_len_extend, call.q.device)
 
     def plan(self, call: record.KernelCall, max_kv_len: int, capturing: bool):
+        from ..kernel.options import PlanOptions
         key = self._key(call)
         p = self._captured.get(key)
         if p is not None:
@@ -61,8 +62,9 @@ class CudaKernel:
             qo_indptr=call.qo_indptr, kv_indptr=call.kv_indptr, kv_indices=call.kv_indices,
             custom_mask=call.custom_mask, mask_indptr=call.mask_indptr, num_heads=call.num_heads,
             sm_scale=call.sm_scale, logit_cap=call.logit_cap, causal=call.causal, layout="sglang",
-            max_q_len=call.max_len_extend, check=False, num_tokens=int(call.q.shape[0]),
-            max_kv_len=int(max_kv_len))
+            dtype=call.q.dtype,
+            options=PlanOptions(check=False, num_tokens=int(call.q.shape[0]), max_q_len=int(call.max_len_extend),
+                                max_kv_len=int(max_kv_len)))
         if capturing:
             self._captured[key] = p
         else:

@@ -8,6 +8,9 @@ struct's size against NumPy's layout (NVRTC has no offsetof to check offsets dir
 """
 from __future__ import annotations
 
+import struct
+from functools import partial
+
 import numpy as np
 
 # (name, C type, what it is); pointers travel as 64-bit integers
@@ -52,6 +55,8 @@ assert tuple(f[0] for f in FIELDS[:len(PER_LAYER)]) == PER_LAYER
 assert all(c.endswith("*") or c == "long long" for _, c, _ in FIELDS[:len(PER_LAYER)]), \
     "run() writes PER_LAYER as 8-byte slots"
 _NP = {"long long": np.int64, "int": np.int32, "float": np.float32}
+# PER_LAYER's bytes, little-endian as the GPU and its hosts are: pointers unsigned, strides signed
+LAYER = struct.Struct("<" + "".join("Q" if c.endswith("*") else "q" for _, c, _ in FIELDS[:len(PER_LAYER)]))
 
 
 def _np_type(ctype: str):
@@ -83,3 +88,15 @@ def pack(**values) -> np.ndarray:
             raise KeyError(f"KdParams has no field {name!r}")
         arr[name] = value
     return arr
+
+
+class ArgBuffer:
+    """A plan's KdParams at a fixed host address (`address`, what the launch's kernelParams points
+    at): plan() packs it whole once, and each run() writes only PER_LAYER into its first bytes:
+    `bind(q, k, v, kv_buf, out, lse, q_stride_tok, ...)` in PER_LAYER's order, one struct write."""
+
+    def __init__(self, packed: np.ndarray):
+        assert packed.dtype == dtype() and packed.shape == (1,)
+        self.arr = packed
+        self.address = packed.ctypes.data
+        self.bind = partial(LAYER.pack_into, memoryview(packed.view(np.uint8)), 0)

@@ -6,6 +6,7 @@ from .spec import DL, GATHER_MAX_NT, MAX_SPLITS, MERGE_GROUPS, MERGE_THREADS, NT
 
 BLOCK_N = 32            # KV rows per pipeline step (kd_meta_block_n; checked against the build)
 WORKSPACE_LIMIT = 512 << 20  # fp32 partials beyond this are not worth the merge: fewer splits
+PARTIAL_ROW_BYTES = DL * 4   # one split's fp32 partial output of one (token, head) row
 # The SM count of the GPU that the CPU side models: an H200's 132 SMs, the GPU the probes' split
 # boundaries (kdkit.probes) and the torch reference's default split count (the split count the
 # kernel chooses there) are built for. A live plan asks the device instead.
@@ -87,11 +88,27 @@ def modelled_us(bs: int, blocks: int, max_kv_len: int, nt: int, nsplit: int, sm_
     return waves * block + (MERGE_US if nsplit > 1 else 0.0)
 
 
+def workspace_bytes(nsplit: int, total_rows: int) -> int:
+    """The fp32 split partials a launch of `nsplit` splits over `total_rows` (token, head) rows
+    writes (none for one split: it writes the output itself)."""
+    return nsplit * total_rows * PARTIAL_ROW_BYTES if nsplit > 1 else 0
+
+
+def workspace_splits(total_rows: int) -> int:
+    """The most splits whose partials stay within WORKSPACE_LIMIT (at least 1: one split needs none)."""
+    return max(1, WORKSPACE_LIMIT // max(1, total_rows * PARTIAL_ROW_BYTES))
+
+
+def workspace_fits(nsplit: int, total_rows: int) -> bool:
+    """The workspace rule, written once: plan refuses a split count outside it, the planner and
+    the bench's sweep never choose one."""
+    return nsplit <= workspace_splits(total_rows)
+
+
 def max_splits(max_kv_len: int, total_rows: int) -> int:
     """No more splits than KV steps, than the merge's weight table holds, or than keep the fp32
-    partials (total_rows x DL per split) within WORKSPACE_LIMIT."""
-    by_ws = max(1, WORKSPACE_LIMIT // max(1, total_rows * DL * 4))
-    return max(1, min(MAX_SPLITS, cdiv(max_kv_len, BLOCK_N), by_ws))
+    partials within WORKSPACE_LIMIT (workspace_splits)."""
+    return max(1, min(MAX_SPLITS, cdiv(max_kv_len, BLOCK_N), workspace_splits(total_rows)))
 
 
 def choose(bs: int, rows: int, max_kv_len: int, sm_count: int, total_rows: int,

@@ -1,5 +1,5 @@
-"""The kernel's build spec: source, entry points, compile-time configuration, and the resource
-report that `kdkit compile` prints (no GPU needed).
+"""The kernels' build spec: per kernel its source, entry points and the resource report that
+`kdkit compile` prints (no GPU needed); the MLA kernel's compile-time configuration.
 
 Python states only what it chooses (query n-tiles per block, index types, a mutant); the numbers
 the device code derives from them (shared memory per block, threads, rows per block, KV rows per
@@ -15,9 +15,7 @@ import torch
 from ..constants import KV_LORA_RANK, QK_ROPE_HEAD_DIM
 from . import jit, knockouts, mutants, params
 
-SOURCE = "mla_tc.cu"
-PARTIAL, MERGE = "kd_mla_tc_partial", "kd_mla_tc_merge"
-KERNELS = (PARTIAL, MERGE)
+PARTIAL, MERGE = "kd_mla_tc_partial", "kd_mla_tc_merge"  # the MLA kernel's entry points (api launches them)
 MERGE_THREADS = 128           # threads of one merge group, 4 output dims each (a define; the .cu asserts 4 x it = DL)
 MERGE_GROUPS = 8              # a merge block has up to this many groups, each summing every G-th split
 ARCHS = ("sm_120", "sm_90", "sm_89", "sm_100", "sm_80")
@@ -106,57 +104,124 @@ class KernelConfig:
         return t
 
 
+@dataclass(frozen=True)
+class Entry:
+    """One entry point of a kernel: its symbol, its block size (a `kd_meta_*` name the build
+    exports, or a fixed count), and whether it runs with the build's dynamic shared memory
+    (kd_meta_smem_bytes)."""
+    symbol: str
+    threads: str | int
+    dynamic_smem: bool = False
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """A kernel of kdkit/kernel/cuda: what `kdkit compile` builds and reports on, and what the host
+    loads. `config`: it is configured by a KernelConfig and takes KdParams (params.py), the MLA
+    kernel; else it builds as it is."""
+    name: str
+    source: str
+    entries: tuple[Entry, ...]
+    meta: tuple[str, ...]          # the kd_meta_* values the host reads from every build
+    config: bool = False
+    doc: str = ""
+
+    def build(self, arch: str, config: KernelConfig | None = None) -> jit.Module:
+        if not self.config:
+            if config is not None:
+                raise ValueError(f"{self.name}: takes no KernelConfig (it builds as it is)")
+            return jit.build(self.source, {}, arch, tags={})
+        config = config or KernelConfig()
+        return jit.build(self.source, config.defines(), arch, tags=config.tags(), prelude=params.struct_text())
+
+    def threads(self, entry: Entry, meta: dict) -> int:
+        return entry.threads if isinstance(entry.threads, int) else meta.get(entry.threads, 0)
+
+    def report(self, arch: str, config: KernelConfig | None = None) -> CompileReport:
+        mod = self.build(arch, config)
+        return CompileReport(arch, mod.key, mod.kernels, mod.meta(), mod.forbidden_instructions(), self)
+
+
+MLA_TC = KernelSpec(
+    "mla_tc", "mla_tc.cu",
+    (Entry(PARTIAL, "threads", dynamic_smem=True), Entry(MERGE, MERGE_THREADS * MERGE_GROUPS)),
+    meta=("smem_bytes", "threads", "rows", "block_n"), config=True,
+    doc="MLA tree-verify attention: split partials, then their merge where a request is split")
+MMA_PEAK = KernelSpec(
+    "mma_peak", "mma_peak.cu", (Entry("kd_mma_peak", "threads"),), meta=("threads", "flops_per_iter_warp"),
+    doc="the mma.sync bf16 rate with operands in registers: the bench's tensor-core ceiling")
+# name -> spec; the first is the kernel kdkit ships (plan/run), the rest have their own callers
+KERNELS = {k.name: k for k in (MLA_TC, MMA_PEAK)}
+
+
 def build(config: KernelConfig, arch: str) -> jit.Module:
-    return jit.build(SOURCE, config.defines(), arch, tags=config.tags(), prelude=params.struct_text())
+    """A build of the MLA kernel (the one plan() launches)."""
+    return MLA_TC.build(arch, config)
 
 
 @dataclass
 class CompileReport:
+    """One build of one kernel: ptxas' resources per entry point, the exported meta, and the PTX
+    instructions sm_120 lacks."""
     arch: str
     key: str
     kernels: dict
     meta: dict
     forbidden: list
+    spec: KernelSpec = MLA_TC
 
     @property
     def dynamic_smem(self) -> int:
         return self.meta.get("smem_bytes", 0)
 
-    def _threads(self, name: str) -> int:
-        return self.meta.get("threads", 0) if name == PARTIAL else MERGE_THREADS * MERGE_GROUPS
+    def _entry_smem(self, e: Entry) -> int:
+        return self.dynamic_smem if e.dynamic_smem else 0
 
     def breaches(self) -> list[str]:
         """What makes this build unfit for sm_120 (empty when it fits)."""
         out = []
+        entries = {e.symbol: e for e in self.spec.entries}
         for k in self.kernels.values():
-            smem = k.smem_static + (self.dynamic_smem if k.name == PARTIAL else 0)
+            e = entries.get(k.name, Entry(k.name, 0))
+            smem = k.smem_static + self._entry_smem(e)
+            threads = self.spec.threads(e, self.meta)
             if smem > jit.SM120_SMEM_LIMIT:
                 out.append(f"{k.name}: {smem} B shared memory per block > sm_120's {jit.SM120_SMEM_LIMIT} B")
             if k.spill_stores or k.spill_loads:
                 out.append(f"{k.name}: spills ({k.spill_stores} B stores, {k.spill_loads} B loads)")
             if k.local:
                 out.append(f"{k.name}: {k.local} B local memory")
-            if k.registers * self._threads(k.name) > 65536:
-                out.append(f"{k.name}: {k.registers} registers x {self._threads(k.name)} threads > 64K per SM")
+            if k.registers * threads > 65536:
+                out.append(f"{k.name}: {k.registers} registers x {threads} threads > 64K per SM")
         out += [f"uses {ins}, which sm_120 does not have" for ins in self.forbidden]
-        out += [f"{n}: not in ptxas' report" for n in KERNELS if n not in self.kernels]
-        out += [f"kd_meta_{m}: not exported by the build" for m in ("smem_bytes", "threads", "rows")
-                if m not in self.meta]
+        out += [f"{e.symbol}: not in ptxas' report" for e in self.spec.entries if e.symbol not in self.kernels]
+        out += [f"kd_meta_{m}: not exported by the build" for m in self.spec.meta if m not in self.meta]
         return out
 
     def table(self) -> str:
         from tabulate import tabulate
-        rows = [[k.name, self._threads(k.name), k.registers, k.smem_static,
-                 self.dynamic_smem if k.name == PARTIAL else 0, k.stack,
-                 f"{k.spill_stores}/{k.spill_loads}", k.local] for k in self.kernels.values()]
+        entries = {e.symbol: e for e in self.spec.entries}
+        rows = []
+        for k in self.kernels.values():
+            e = entries.get(k.name, Entry(k.name, 0))
+            rows.append([k.name, self.spec.threads(e, self.meta), k.registers, k.smem_static, self._entry_smem(e),
+                         k.stack, f"{k.spill_stores}/{k.spill_loads}", k.local])
         body = tabulate(rows, ["kernel", "threads", "regs", "smem static", "smem dyn", "stack",
                                "spill st/ld", "lmem"], tablefmt="simple")
         br = self.breaches()
+        # (the key starts with the kernel's source stem: mla_tc-nt4-..., mma_peak-...)
         return "\n".join([f"{self.arch}  {self.key}", *("  " + line for line in body.splitlines()),
                           "  fits sm_120 limits: yes" if not br else "  BREACH: " + "; ".join(br)])
 
 
-def compile_report(arch: str, config: KernelConfig | None = None) -> CompileReport:
-    config = config or KernelConfig()
-    mod = build(config, arch)
-    return CompileReport(arch, mod.key, mod.kernels, mod.meta(), mod.forbidden_instructions())
+def compile_report(arch: str, config: KernelConfig | None = None, kernel: str = MLA_TC.name) -> CompileReport:
+    """The resource report of one build of one kernel of KERNELS (a config for those that take one)."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel {kernel!r}: choose one of {', '.join(KERNELS)}")
+    return KERNELS[kernel].report(arch, config)
+
+
+def compile_reports(arch: str, config: KernelConfig | None = None) -> dict[str, CompileReport]:
+    """Every kernel's report on `arch` (the MLA kernel at `config`): what `kdkit compile` prints,
+    one table per kernel."""
+    return {name: k.report(arch, config if k.config else None) for name, k in KERNELS.items()}

@@ -143,7 +143,8 @@ def child(vdir: str, name: str, shapes_json: str, out: str, budget_s: float, rnd
             case = make_case(shape)
             x = cuda.to_device(case)
             try:
-                p = cuda.plan_case(case, x, **opts)
+                p = (cuda.plan_case(case, x, kernel.PlanOptions(**opts)) if hasattr(kernel, "PlanOptions")
+                     else cuda.plan_case(case, x, **opts))  # (a variant's kdkit from before PlanOptions)
             except (ValueError, TypeError) as e:  # kdkit's InputError: e.g. the gather at a block size it
                 # cannot hold; TypeError: an option this variant's kdkit does not take
                 print(f"{name} {bs}x{prefix} q{q_len} H{heads}: left out: {e}", file=sys.stderr, flush=True)

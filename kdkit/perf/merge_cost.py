@@ -20,9 +20,9 @@ import argparse
 import re
 
 from ..backends import cuda
-from ..kernel import api, spec
+from ..kernel import launch, spec
 from . import bench
-from .timing import Timer, graph_of, torch_stream
+from .timing import Timer, graph_of
 
 _EMPTY = r'extern "C" __global__ void kd_empty(float* x) { if (blockIdx.x == 0x7fffffff) x[0] = 1.f; }'
 
@@ -53,19 +53,17 @@ def main(argv=None) -> int:
         if p.nsplit == 1:
             print(f"{s.bs}x{s.prefix} q{s.q_len}: one split, no merge")
             continue
-        a = api.layer_args(p._args, x["q"], x["k"], x["v"], x["kv_buffer"], p.out, p.lse)
+        kernel.bind(p, x["q"], x["k"], x["v"], x["kv_buffer"])  # the plan's argument holds this layer
         rows, block = p.num_tokens * p.num_heads, (spec.MERGE_THREADS, p.merge_groups)
 
         def partial():
-            with torch_stream():
-                p._partial(p.grid, (p.threads,), (a,), shared_mem=p.smem)
+            p.launcher(launch.current_raw_stream(p.device.index), only=spec.PARTIAL)
 
         def merge():
-            with torch_stream():
-                p._merge((rows,), block, (a,))
+            p.launcher(launch.current_raw_stream(p.device.index), only=spec.MERGE)
 
         def empty():
-            with torch_stream():
+            with launch.cupy_stream():
                 empty_fn((rows,), block, (sink,))
 
         us = {name: timer.us(graph_of(fn), reps=40) for name, fn in (

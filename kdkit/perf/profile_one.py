@@ -25,7 +25,7 @@ def main(argv=None) -> int:
     nsplit, nt, nh = (int(a) or None for a in (list(argv[3:6]) + ["0"] * 3)[:3])
     case = make_case(Shape(bs, prefix, q_len))
     x = cuda.to_device(case)
-    p = cuda.plan_case(case, x, nsplit=nsplit, nt=nt, nh=nh)
+    p = cuda.plan_case(case, x, kernel.PlanOptions(nsplit=nsplit, nt=nt, nh=nh))
     print(p.info, flush=True)
     for _ in range(3):
         kernel.run(p, x["q"], x["k"], x["v"], x["kv_buffer"])

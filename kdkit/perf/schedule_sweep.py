@@ -52,7 +52,7 @@ def main(argv=None) -> int:
             for ns in sorted({auto.nsplit, max(1, auto.nsplit // 4), max(1, auto.nsplit // 2),
                               min(spec.MAX_SPLITS, auto.nsplit * 2)}):
                 try:
-                    p = cuda.plan_case(case, x, nsplit=ns, nt=nt, nh=nh)
+                    p = cuda.plan_case(case, x, kernel.PlanOptions(nsplit=ns, nt=nt, nh=nh))
                 except kernel.InputError as e:  # e.g. a split count over the workspace limit
                     print(f"skip {bs}x{prefix} q{q_len} nt {nt} nsplit {ns}: {e}", file=sys.stderr)
                     continue

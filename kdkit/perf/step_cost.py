@@ -78,7 +78,7 @@ def main(argv=None) -> int:
             for ns in args.nsplits:
                 points, blocks, rows, t0 = [], None, None, time.monotonic()
                 for p in args.prefixes:
-                    x, plan = xs[p], cuda.plan_case(cases[p], xs[p], nsplit=ns)
+                    x, plan = xs[p], cuda.plan_case(cases[p], xs[p], kernel.PlanOptions(nsplit=ns))
                     fn = graph_of(lambda: kernel.run(plan, x["q"], x["k"], x["v"], x["kv_buffer"]))
                     points.append((steps_per_split(p + args.q_len, plan.nsplit), timer.us(fn, budget_s=args.budget_s)))
                     blocks = plan.grid[0] * plan.grid[1] * plan.grid[2]

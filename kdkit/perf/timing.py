@@ -10,10 +10,11 @@ warm-up, the median of the repetitions.
 """
 from __future__ import annotations
 
-import contextlib
 import time
 
 import torch
+
+from ..kernel.launch import cupy_stream
 
 FLUSH_BYTES = 256 << 20
 SLEEP_CYCLES = 500_000  # ~250 us at 2 GHz: longer than a launch's host work, so the launch is queued
@@ -76,20 +77,6 @@ def graph_of(fn):
     return g.replay
 
 
-@contextlib.contextmanager
-def torch_stream():
-    """CuPy launches inside this join torch's current stream (so that they order with torch's
-    work and are captured by torch.cuda.graph), through torch's public stream handle."""
-    import cupy
-    ts = torch.cuda.current_stream()
-    try:
-        cs = cupy.cuda.Stream.from_external(ts)  # CuPy >= 14: the CUDA stream protocol
-    except (AttributeError, TypeError):
-        cs = cupy.cuda.ExternalStream(ts.cuda_stream)
-    with cs:
-        yield
-
-
 def copy_gbps(timer: Timer, device) -> float:
     """Device-to-device copy of 1 GiB: (read + write) bytes / median time."""
     src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
@@ -114,7 +101,7 @@ def mma_tflops(timer: Timer, device) -> float:
     iters = 20000
 
     def launch():
-        with torch_stream():
+        with cupy_stream():
             fn((sms,), (threads,), (cupy.from_dlpack(out), cupy.int32(iters)))
     us = timer.us(launch, reps=10)
     return sms * (threads // 32) * iters * meta["flops_per_iter_warp"] / us / 1e6

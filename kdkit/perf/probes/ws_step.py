@@ -30,7 +30,8 @@ import torch
 from ... import kernel
 from ...constants import QK_DIM as D, V_HEAD_DIM as DL
 from ...kernel import jit
-from ..timing import Timer, torch_stream
+from ...kernel.launch import cupy_stream
+from ..timing import Timer
 
 PROBE = Path(__file__).with_name("ws_step.cu")
 ROWS = 40  # query rows per block of the probe (and of the kdkit build it is timed against)
@@ -77,7 +78,7 @@ class Probe:
         grid = (-(-q_len * H // ROWS), nsplit, bs)
 
         def launch():
-            with torch_stream():
+            with cupy_stream():
                 self.fn(grid, (256,), args, shared_mem=self.smem)
         return launch, o_part, lse_part
 
@@ -134,8 +135,8 @@ def kdkit_launcher(x, nsplit):
     T = bs * q_len
     pfx = torch.tensor([n - q_len for n in x["kv_lens"]], dtype=torch.int64, device=x["q"].device)
     p = kernel.plan(qo_indptr=x["qo_indptr"], kv_indptr=x["kv_indptr"], kv_indices=x["kv_indices"], num_heads=H,
-                    sm_scale=x["sm_scale"], prefix_lens=pfx, layout="unified", causal=False, nsplit=nsplit, nt=5,
-                    skip=False)
+                    sm_scale=x["sm_scale"], prefix_lens=pfx, layout="unified", causal=False,
+                    options=kernel.PlanOptions(nsplit=nsplit, nt=5, skip=False))
     k = torch.zeros(T, 1, D, dtype=torch.bfloat16, device=x["q"].device)
     v = torch.zeros(T, 1, DL, dtype=torch.bfloat16, device=x["q"].device)
     return (lambda: kernel.run(p, x["q"], k, v, x["pool"])), p
