@@ -484,6 +484,14 @@ class CountingTimer:
         fn()
         return 10.0
 
+    def eager_us(self, fn, reps=30):
+        fn()
+        return 110.0
+
+    def plan_us(self, plan, reps=10):
+        plan()
+        return 50.0
+
 
 def _wrong_backend(monkeypatch):
     """A backend registered like any other whose output is the torch backend's with one token's

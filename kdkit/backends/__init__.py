@@ -72,6 +72,9 @@ class Prepared:
     result: Callable[[], Result]    # the output of the last launch (the bench judges it first)
     graph_safe: bool = False        # launch may be captured in a CUDA graph and replayed
     info: dict = field(default_factory=dict)   # info["ran"]; the cuda backend adds nsplit, module
+    # the host planning step on its own (what a server redoes once per batch, not per layer), where
+    # the backend has one: the bench reports its host time as plan_us
+    plan: Callable[[], object] | None = None
 
 
 class BackendUnavailable(RuntimeError):

@@ -76,7 +76,7 @@ def prepare(case, *, nsplit: int | None = None, mutant: str | None = None, nt: i
         torch.cuda.synchronize(p.device)
         return Result(p.out.clone(), p.lse.clone(), dict(info))
 
-    return Prepared(launch, result, graph_safe=True, info=info)
+    return Prepared(launch, result, graph_safe=True, info=info, plan=lambda: plan_case(case, x, opts))
 
 
 def run(case, *, nsplit: int | None = None, mutant: str | None = None, nt: int | None = None,

@@ -14,7 +14,6 @@ one thread at a time (run rewrites the plan's argument bytes before each launch)
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -201,22 +200,6 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
     return Plan(m, o, cfg, dev, T, H, ns, rpc, grid, meta["smem_bytes"], meta["threads"],
                 sizes["pool_rows_needed"], mod.key, out, lse, args,
                 launch.Launcher(calls if T else [], args.address), groups, [o_part, lse_part, m, raw])
-
-
-def plan_us(reps: int = 10, **problem) -> float:
-    """plan()'s host time in microseconds for `problem` (plan's keywords, options included): the
-    median of `reps` plans after one that builds or loads the module (cached from then on), each
-    ending with a device sync so that its allocations and, with options.check, its read of the
-    index arrays are counted whole. What `kdkit bench` reports as plan_us."""
-    plan(**problem)
-    times = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        plan(**problem)
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1e6)
-    return sorted(times)[len(times) // 2]
 
 
 def _signature(q, k, v, kv_buffer, out, lse) -> tuple:

@@ -11,7 +11,9 @@ Prepared is graph_safe is also timed under CUDA-graph replay.
 
 Timing (kdkit.perf.timing): CUDA events around the launch(es), a 256 MiB read before each timed
 call so that no KV is left in L2, a short GPU sleep so that the launch is queued before the start
-event, one warm-up, the median of the repetitions; a launch's host cost apart as host_us.
+event, one warm-up, the median of the repetitions; a launch's host cost apart as host_us, the
+eager call with that host cost in view (flush, call, events, no sleep) as eager_us, and the
+backend's plan step where it has one (Prepared.plan) as plan_us.
 
 Roofline time of a shape = max(bytes / copy bandwidth, FLOPs / mma.sync rate): bytes = every KV
 row once (prefix + draft) x 576 x 2 + q + out; FLOPs = 2 x rows x KV length x (576 + 512) summed
@@ -21,7 +23,7 @@ mma.sync.m16n8k16 bf16 (kdkit's own microbenchmark, cuda/mma_peak.cu) are measur
 Output: one JSON file per run, benchmarks/results/<gpu>-<date>.json:
 {"gpu", "sms", "copy_gbps", "mma_tflops", "driver", "versions", "date", "rows": [{backend, bs,
 prefix, q_len, heads, nsplit, nsplit_auto, graph, us, gbps, floor_us, roofline_frac,
-speedup_vs_triton, host_us, verdict, and where the backend says it the build that ran: module, e.g.
+speedup_vs_triton, host_us, eager_us, plan_us, verdict, and where the backend says it the build that ran: module, e.g.
 "mla_tc-nt5-...-skip1-sm_90-<hash>" (block size, warps, step skip); sm_mhz and power_w, the
 medians of the GPU's SM clock and power sampled while the row was timed (kdkit/perf/clocks.py;
 absent where nvidia-smi is not)}], "skipped", "complete"} (kdkit.perf.results reads it);
@@ -202,6 +204,9 @@ class Grid:
         out = [row]
         if first and "timed" not in info:  # (after the GPU timing, as before)
             row["host_us"] = round(self.timer.host_us(p.launch), 1)
+            row["eager_us"] = round(self.timer.eager_us(p.launch), 2)
+            if p.plan is not None:
+                row["plan_us"] = round(self.timer.plan_us(p.plan), 1)
         if first and self.graph and p.graph_safe and self.dev.type == "cuda":
             try:
                 out.append(self.timed_row(name, shape, graph_of(p.launch), graph=True, **kw))

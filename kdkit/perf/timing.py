@@ -56,6 +56,35 @@ class Timer:
         torch.cuda.synchronize()
         return t
 
+    def plan_us(self, plan, reps: int = 10) -> float:
+        """Median host time of plan() (after one that builds or loads what it needs), each ending
+        with a device sync so that its allocations and reads of device data are counted whole."""
+        plan()
+        times = []
+        for _ in range(reps):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            plan()
+            torch.cuda.synchronize()
+            times.append((time.perf_counter() - t0) * 1e6)
+        return sorted(times)[reps // 2]
+
+    def eager_us(self, fn, reps: int = 30) -> float:
+        """Median time of one eager call with its host work in view: L2 flushed, then the events
+        around the call with no GPU sleep before it, so a slow launch shows as GPU idle time (what
+        a layer pays wherever no CUDA graph covers the batch)."""
+        times = []
+        for _ in range(reps):
+            self.flush()
+            torch.cuda.synchronize()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) * 1e3)
+        return sorted(times)[reps // 2]
+
     def _once(self, fn) -> float:
         self.flush()
         torch.cuda._sleep(SLEEP_CYCLES)
