@@ -15,7 +15,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kdkit import compare, oracle, shapes  # noqa: E402
+from kdkit import shapes  # noqa: E402
+from kdkit.judge import compare, oracle
 
 SET = "gpu-selfcheck"
 MAKE = {"h128-uint8-mask-int64-idx": dict(mask_dtype=torch.uint8, index_dtype=torch.int64)}  # -> make_case

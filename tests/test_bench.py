@@ -370,7 +370,8 @@ def test_decode_per_node_indices_are_each_nodes_attention():
     ragged batch with a branching tree (a node seeing a sibling, or missing an ancestor, differs)."""
     import numpy as np
 
-    from kdkit import layout, oracle
+    from kdkit import layout
+    from kdkit.judge import oracle
     base = shapes.make_case({"bs": 3, "prefix": [0, 40, 300], "q_len": [9, 1, 17], "heads": 2,
                              "tree": "ddtree", "seed": 3})
     for case in (base, layout.to_layout(base, "unified")):
