@@ -23,7 +23,8 @@ from typing import Callable
 
 import torch
 
-from . import lint, probes, shapes
+from . import lint, shapes
+from .judge import heavy_cases
 from .case import Case, load
 from .files import publish
 from .layout import to_unified
@@ -104,7 +105,7 @@ def _prefix_only_kv_indices() -> Case:
 
 def _probe(name: str) -> Callable[[], Case]:
     def make() -> Case:
-        case = probes.make(name)
+        case = heavy_cases.make(name)
         case.meta.update(created=CREATED)
         return case
     return make
@@ -123,11 +124,11 @@ SPECS: tuple[Bundled, ...] = (
     Bundled("failures/prefix-only-kv-indices.pt",
             "Seed bug 2: unified layout with kv_indices covering only the prefix (KV 21 vs mask 9 x 30).",
             _prefix_only_kv_indices, ("prefix-only-kv-indices",), "lint-error"),
-    # probes (kdkit.probes): heavy keys where a bug would move them; the 32K/128K probes are
+    # probes (kdkit.judge.heavy_cases): heavy keys where a bug would move them; the 32K/128K probes are
     # generated at test time (too large to commit)
     *(Bundled(f"probes/{name}.pt", f"Probe {name}: heavy keys at the draft tokens, the root, the last KV "
-              "row, tile/split boundaries and fractions of the KV length (kdkit.probes).", _probe(name))
-      for name in probes.BUNDLED),
+              "row, tile/split boundaries and fractions of the KV length (kdkit.judge.heavy_cases).", _probe(name))
+      for name in heavy_cases.BUNDLED),
 )
 
 
@@ -226,7 +227,7 @@ def verify(out: str | os.PathLike = DEFAULT_DIR, oracle: bool = True) -> list[st
     """Problems with the bundle in `out` ([] when fine): every file matches its manifest entry
     (sha256, bytes), loads, lints as expected, good cases give a finite oracle output, and the total
     stays under MAX_TOTAL_BYTES."""
-    from . import oracle as _oracle
+    from .judge import oracle as _oracle
 
     out = Path(out)
     try:

@@ -25,6 +25,7 @@ import torch
 from .constants import (FLOAT_DTYPES, INDEX_DTYPES, KV_LORA_RANK, LAYOUTS, MASK_DTYPES,
                         QK_DIM, QK_ROPE_HEAD_DIM, V_HEAD_DIM)
 from .files import publish, refuse_if_exists
+from .ptfile import CaseError, scan  # CaseError is defined in ptfile: its scan raises it too
 
 FORMAT = "kdkit-case"
 SCHEMA_VERSION = 1
@@ -34,16 +35,6 @@ META_KEYS = (
     "sglang_version", "torch_version", "gpu", "created", "note",
 )
 SOURCES = ("captured", "synthetic")
-
-
-class CaseError(ValueError):
-    """A case (or case file) that cannot be used; the message names the file and the field."""
-
-    def __init__(self, field_name: str, message: str, path: str | os.PathLike | None = None):
-        self.field = field_name
-        self.path = str(path) if path is not None else None
-        where = f"{self.path}: " if self.path else ""
-        super().__init__(f"{where}field '{field_name}': {message}")
 
 
 @dataclass
@@ -175,8 +166,7 @@ class Case:
         buf = io.BytesIO()
         torch.save(record, buf)
         data = buf.getvalue()
-        from . import ptfile
-        ptfile.scan(path, data=data)
+        scan(path, data=data)
         from_record(_safe_load(io.BytesIO(data), path), path)
         return data
 
@@ -480,8 +470,7 @@ def load(path: str | os.PathLike, allow_nonfinite: bool = False) -> Case:
         raise CaseError("<file>", "a bare pickle (torch.save's format before torch 1.6, or not a torch file): "
                         "kdkit reads only the zip format, whose sizes are checked before anything is read; "
                         "re-save it with Case.save. Not loaded, nothing from it ran", path)
-    from . import ptfile  # the zip directory and the pickle, checked before torch reads them
-    ptfile.scan(path)
+    scan(path)  # the zip directory and the pickle, checked before torch reads them
     case = from_record(_safe_load(path, path), path)
     if allow_nonfinite:
         kinds = {getattr(case, n).dtype for n in ("q", "k", "v", "kv_buffer")}
@@ -506,5 +495,33 @@ def _safe_load(source, path) -> Any:
                         f"{type(e).__name__}: {first}", path) from None
 
 
-__all__ = ["Case", "CaseError", "load", "validate", "from_record", "new_meta", "replace",
+
+class NoCaseFiles(ValueError):
+    """A path given for case files that names none: not there, unreadable, or a folder without *.pt."""
+
+
+def case_files(paths: str | os.PathLike | list, empty_ok: bool = False) -> list[Path]:
+    """The case files named by `paths` (one path or a list), in order, each once: a file as given, a
+    folder as the *.pt files under it (sorted). A link to nowhere is listed too, so that loading it
+    says why it cannot be read instead of it being skipped in silence. NoCaseFiles, naming the
+    path, for one that is not there, a folder this user cannot read (rglob would skip it silently)
+    or, unless empty_ok, a folder that holds no case file. The CLI and the notebooks both list
+    case files with this."""
+    files = []
+    for p in map(Path, [paths] if isinstance(paths, (str, os.PathLike)) else paths):
+        if p.is_dir():
+            if not os.access(p, os.R_OK | os.X_OK):
+                raise NoCaseFiles(f"{p}: a directory this user cannot read")
+            found = sorted(f for f in p.rglob("*.pt") if f.is_file() or (f.is_symlink() and not f.exists()))
+            if not found and not empty_ok:
+                raise NoCaseFiles(f"{p}: a directory with no case files (*.pt) in it")
+            files += found
+        elif p.exists():
+            files.append(p)
+        else:
+            raise NoCaseFiles(f"{p}: no such file or directory")
+    return list(dict.fromkeys(files))
+
+
+__all__ = ["Case", "CaseError", "NoCaseFiles", "case_files", "load", "validate", "from_record", "new_meta", "replace",
            "SCHEMA_VERSION", "LAYOUTS", "field"]

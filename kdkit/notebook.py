@@ -21,6 +21,7 @@ from . import plots, replay, report
 from .backends import BACKENDS
 from .backends import resolve as resolve_backends
 from .case import Case, load
+from .case import case_files as find_case_files
 
 RESULT_MIME = "application/vnd.kdkit.result+json"
 REPO = Path(__file__).resolve().parents[1]
@@ -57,11 +58,9 @@ def resolve_paths(spec) -> Path | list[Path] | None:
 
 
 def case_files(directory: str | os.PathLike) -> list[Path]:
-    """Every case file (*.pt) under `directory`, sorted by their path below it."""
-    d = resolve(directory)
-    if d.is_file():
-        return [d]
-    return sorted(d.rglob("*.pt"), key=lambda p: str(p.relative_to(d)))
+    """Every case file (*.pt) under `directory` (resolve()d), sorted; [] for a folder without any.
+    kdkit.case.case_files lists them, as for the command line (a link to nowhere is listed)."""
+    return find_case_files(resolve(directory), empty_ok=True)
 
 
 def backend_list(spec) -> list[str]:

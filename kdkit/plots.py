@@ -18,9 +18,9 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from . import oracle as _oracle
+from .judge import oracle as _oracle
 from . import trees as _trees
-from .compare import Metrics, Verdict
+from .judge.compare import Metrics, Verdict
 from .layout import request_kv
 
 PREFIX_BINS = 128    # a prefix wider than this is drawn as bins (SGLang sees every prefix column)

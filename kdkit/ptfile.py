@@ -7,18 +7,29 @@ pickle that calls something other than torch's tensor rebuild, a tensor that dec
 than its storage holds. `scan(path)` checks the zip directory and walks the pickle's opcodes with a
 tiny interpreter that only builds plain containers and records each declared tensor (dtype, shape,
 strides, storage), so every such lie is refused with a CaseError naming the file and the field
-(the tensor's key) before any tensor memory exists.
+(the tensor's key) before any tensor memory exists. CaseError is defined here, the lowest module
+that raises it; kdkit.case (which calls scan) exports it with the rest of the case API.
 """
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import pickletools
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .case import CaseError
+
+class CaseError(ValueError):
+    """A case (or case file) that cannot be used; the message names the file and the field."""
+
+    def __init__(self, field_name: str, message: str, path: str | os.PathLike | None = None):
+        self.field = field_name
+        self.path = str(path) if path is not None else None
+        where = f"{self.path}: " if self.path else ""
+        super().__init__(f"{where}field '{field_name}': {message}")
+
 
 # torch.save writes members stored (uncompressed), so a sane file's members add up to its size.
 # A case of bs 1 x 128K prefix is ~150 MB; a whole captured batch a few GB.

@@ -8,7 +8,7 @@ next one) through kdkit.backends.run (options checked the same way for all). The
 runs once, and the lint once, here: backends do not lint again; a backend marked LINT_CLEAN (a
 kernel a mis-marshaled case could make read out of bounds) is not run on a case with lint errors.
 If SGLang's Triton kernel ran, its error against the oracle is the production error that the
-tolerance rule scales with (kdkit.compare.judge); if it did not but the case carries the live
+tolerance rule scales with (kdkit.judge.compare.judge); if it did not but the case carries the live
 Triton output ("captured"), that serves instead. A backend that cannot run here is a "skipped"
 row with its one-line reason; one that raises is an "error" row; replay always goes on to the next.
 """
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import backends as _backends
-from .compare import Metrics, Verdict, judge, metrics, seed_line
+from .judge.compare import Metrics, Verdict, judge, metrics, seed_line
 
 # backends whose output *is* the production path (SGLang's Triton kernel), best first
 PRODUCTION = ("triton_sglang", "captured")
@@ -64,7 +64,7 @@ class ReplayReport:
 
     def table(self) -> str:
         from tabulate import tabulate
-        # "nearest": the check (kdkit.compare.judge) closest to its limit, value / limit (> 1 fails)
+        # "nearest": the check (kdkit.judge.compare.judge) closest to its limit, value / limit (> 1 fails)
         head = ["backend", "status", "max_abs", "mean_abs", "rel", "cos_dist", "lse_err", "limit", "nearest", "time"]
         e = (lambda x: "-" if x is None else f"{x:.2e}")
         rows = []
@@ -235,9 +235,9 @@ def replay(case, backends: str | Iterable[str], against: str = "oracle", run_lin
         raise _backends.BackendUnavailable(f"reference {against!r} did not run: {why}")
     ref = results[against][0]
 
-    # each row's LSE error scale (kdkit.compare.lse_unit) needs the logits' size: from the oracle
+    # each row's LSE error scale (kdkit.judge.compare.lse_unit) needs the logits' size: from the oracle
     cond = results["oracle"][0].info.get("lse_cond") if "oracle" in results else None
-    # each row's size before its V rows cancel (kdkit.compare.spacing): a property of the case, so
+    # each row's size before its V rows cancel (kdkit.judge.compare.spacing): a property of the case, so
     # it holds against any reference
     scale = results["oracle"][0].info.get("out_scale") if "oracle" in results else None
     production: Metrics | None = None

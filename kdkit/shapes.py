@@ -7,6 +7,7 @@ named shapes, the benchmark grid (and its quick subset), the notebooks' defaults
     for s in shapes.get("bench-quick"): # dicts: name, bs, prefix, q_len, heads, tree, seed (+ extras)
         case = shapes.make_case(s)      # kdkit.synth.make_case with those values
     shapes.find("gpu-tests", "mutants") # one shape by name
+    shapes.seed_shape()                 # the seed's failing call (the bundled "seed-shape")
 
 prefix and q_len are an int (every request) or a list (one per request). A set in the file lists
 shapes, or gives a grid (every combination of bs, prefix, q_len, heads, less those over the set's
@@ -22,6 +23,9 @@ import itertools
 import json
 from pathlib import Path
 
+from . import synth
+from .constants import LAYOUTS
+
 PATH = Path(__file__).with_name("shapes.json")
 REQUIRED = ("bs", "prefix", "q_len", "heads", "tree")
 OPTIONAL = ("name", "seed", "layout", "magnitude", "logit_cap")
@@ -35,8 +39,6 @@ class ShapeError(ValueError):
 
 
 def _check(where: str, s: dict) -> dict:
-    from .constants import LAYOUTS
-    from .synth import TREES
     unknown = sorted(set(s) - set(REQUIRED) - set(OPTIONAL))
     if unknown:
         raise ShapeError(f"{where}: unknown key(s) {unknown}; a shape has {list(REQUIRED + OPTIONAL)}")
@@ -53,8 +55,8 @@ def _check(where: str, s: dict) -> dict:
             raise ShapeError(f"{where}: {key} {v!r} must be an int >= {lo} or a list of {bs} of them (one per request)")
     if not isinstance(s["heads"], int) or s["heads"] < 1:
         raise ShapeError(f"{where}: heads {s['heads']!r} must be an int >= 1")
-    if s["tree"] not in TREES:
-        raise ShapeError(f"{where}: tree {s['tree']!r}; choose from {TREES}")
+    if s["tree"] not in synth.TREES:
+        raise ShapeError(f"{where}: tree {s['tree']!r}; choose from {synth.TREES}")
     if "layout" in s and s["layout"] not in LAYOUTS:
         raise ShapeError(f"{where}: layout {s['layout']!r}; choose from {LAYOUTS}")
     return s
@@ -154,7 +156,6 @@ def label(shape: dict) -> str:
 
 def make_case(shape: dict, **overrides):
     """The synthetic case of a shape (kdkit.synth.make_case); overrides go to make_case."""
-    from . import synth
     kw = {k: shape[k] for k in ("bs", "prefix", "q_len", "heads", "tree")}
     kw.update({k: shape[k] for k in ("seed", "layout", "magnitude", "logit_cap") if k in shape})
     kw["case_id"] = shape.get("name") or label(shape)
@@ -162,4 +163,10 @@ def make_case(shape: dict, **overrides):
     return synth.make_case(**kw)
 
 
-__all__ = ["PATH", "ShapeError", "names", "get", "find", "label", "per_request", "size", "make_case"]
+def seed_shape(**kw):
+    """The seed's failing call: bs 1, prefix 21, q_len 9, H 8, a tree (mask 9 x 30 = 270); the shape
+    is "seed-shape" of kdkit/shapes.json's "bundled" set."""
+    return make_case(find("bundled", "seed-shape"), **kw)
+
+
+__all__ = ["PATH", "ShapeError", "names", "get", "find", "label", "per_request", "size", "make_case", "seed_shape"]

@@ -131,13 +131,6 @@ def make_case(bs: int = 1, prefix: int | Sequence[int] = 21, q_len: int | Sequen
     return to_unified(case) if layout == "unified" else case
 
 
-def seed_shape(**kw) -> Case:
-    """The seed's failing call: bs 1, prefix 21, q_len 9, H 8, a tree (mask 9 x 30 = 270); the shape
-    is "seed-shape" of kdkit/shapes.json's "bundled" set."""
-    from . import shapes
-    return shapes.make_case(shapes.find("bundled", "seed-shape"), **kw)
-
-
 def random_case(seed: int, work_budget: float = 4e6) -> Case:
     """One case of the seeded stress sweep: bs 1..64, prefix 0..128K, q_len 1..1025,
     H in {1, 8, 16, 64, 128}, chains/trees/causal, both layouts, int32/int64 indices, bool/uint8

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kdkit import backends, replay, synth
+from kdkit import backends, replay, shapes, synth
 from kdkit.case import load
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "captured_tensors"
@@ -19,7 +19,7 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "captured_tensors"
 def test_unknown_options_are_refused_the_same_way(name):
     """Before anything runs, whether or not the backend can run on this machine."""
     with pytest.raises(TypeError, match=rf"^{name}: unknown option\(s\) bogus; this backend takes "):
-        backends.run(name, synth.seed_shape(), bogus=1)
+        backends.run(name, shapes.seed_shape(), bogus=1)
 
 
 @pytest.mark.parametrize("name", list(backends.BACKENDS))
@@ -33,7 +33,7 @@ def test_options_are_declared_keywords(name):
 @pytest.mark.parametrize("name", list(backends.BACKENDS))
 def test_unavailable_only_looks(name):
     """No environment variable set, no module imported by asking."""
-    case = synth.seed_shape()
+    case = shapes.seed_shape()
     backends.unavailable(name, case)  # the backend module itself may import on first use
     env, mods = dict(os.environ), set(sys.modules)
     why = backends.unavailable(name, case)
@@ -42,7 +42,7 @@ def test_unavailable_only_looks(name):
 
 
 def test_every_backend_that_runs_says_what_ran_in_one_line():
-    case = synth.seed_shape()
+    case = shapes.seed_shape()
     case = case.clone(ref_out=backends.run("torch", case).out)  # so that "captured" has something
     ran = 0
     for name in backends.BACKENDS:
@@ -62,7 +62,7 @@ def test_a_backend_that_does_not_say_what_ran_is_refused(monkeypatch):
     monkeypatch.setitem(sys.modules, mod.__name__, mod)
     monkeypatch.setitem(backends.BACKENDS, "silent", mod.__name__)
     with pytest.raises(TypeError, match=r"silent: Result.info\['ran'\] must be one line"):
-        backends.run("silent", synth.seed_shape())
+        backends.run("silent", shapes.seed_shape())
 
 
 def test_resolve_is_the_one_place_for_all():
@@ -72,7 +72,7 @@ def test_resolve_is_the_one_place_for_all():
     for bad in ("", "oracle,nope", [" "]):
         with pytest.raises(ValueError, match="choose from"):
             backends.resolve(bad)
-    rep = replay.replay(synth.seed_shape(), "oracle,torch")  # replay takes the same spelling
+    rep = replay.replay(shapes.seed_shape(), "oracle,torch")  # replay takes the same spelling
     assert [r.backend for r in rep.rows] == ["oracle", "torch"]
 
 
@@ -108,11 +108,12 @@ def test_report_runs_the_oracle_once(monkeypatch, tmp_path, capsys):
     """`kdkit report`: replay runs the float64 oracle once; the figure of the worst row computes
     that one row (oracle.row_probs), not the whole oracle again."""
     pytest.importorskip("plotly")
-    from kdkit import cli, oracle
+    from kdkit import cli
+    from kdkit.judge import oracle
     calls = []
     real = oracle.run
     monkeypatch.setattr(oracle, "run", lambda case, **kw: calls.append(kw) or real(case, **kw))
-    case = synth.seed_shape()
+    case = shapes.seed_shape()
     path = case.save(tmp_path / "seed.pt")
     out = tmp_path / "r.html"
     assert cli.main(["report", str(path), "--backends", "oracle,torch", "--out", str(out)]) == 0
@@ -137,7 +138,8 @@ def test_a_unified_case_goes_to_the_sglang_layout_as_the_oracle_reads_it():
     unified case that breaks its own rule (prefix-only kv_indices: the seed's bug) came out repaired
     and Triton answered a case the oracle refuses; a tail that disagrees with out_cache_loc gave
     Triton other draft rows than the oracle's."""
-    from kdkit import layout, oracle
+    from kdkit import layout
+    from kdkit.judge import oracle
     case = layout.to_layout(synth.make_case(bs=2, prefix=[7, 30], q_len=[3, 5], heads=2, seed=4), "unified")
     broken = load(DATA / "failures" / "prefix-only-kv-indices.pt")
     with pytest.raises(ValueError, match="covering only the prefix is the seed's prefix-only bug"):

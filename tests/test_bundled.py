@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from kdkit import bundled, lint, oracle
+from kdkit import bundled, lint
+from kdkit.judge import oracle
 from kdkit.case import TENSOR_FIELDS, load
 
 from conftest import DATA as OUT  # data/captured_tensors, or KDKIT_TEST_DATA

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kdkit import compare, oracle, probes
+from kdkit.judge import compare, oracle
+from kdkit.judge import heavy_cases
 from kdkit.byok import cuda as byok
 from kdkit.case import load
 from kdkit.kernel import jit
@@ -225,9 +226,9 @@ def test_starter_passes_bundled_cases(name, nsplit):
 
 
 @gpu
-@pytest.mark.parametrize("name", [n for n in probes.names() if n not in probes.BUNDLED])
+@pytest.mark.parametrize("name", [n for n in heavy_cases.names() if n not in heavy_cases.BUNDLED])
 def test_starter_passes_generated_probes(name):
-    case = probes.make(name)
+    case = heavy_cases.make(name)
     res = load_backend(STARTER).run(case)
     v = _judge(case, res)
     print(f"\n{name}: {'PASS' if v.passed else 'FAIL'} worst/limit {v.worst_ratio:.3f} ({res.ran})")

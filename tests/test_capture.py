@@ -17,7 +17,7 @@ import torch
 from kdkit import case as case_mod
 from kdkit import layout, lint, synth
 from kdkit.capture import record, settings, store
-from kdkit.capture.cli import launch_lines
+from kdkit.cli.capture import launch_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 

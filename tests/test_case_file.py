@@ -10,9 +10,11 @@ import pytest
 import torch
 
 from conftest import bundled_path, write_hostile
-from kdkit import layout, oracle
+from kdkit import layout
+from kdkit.judge import oracle
 from kdkit.case import SCHEMA_VERSION, TENSOR_FIELDS, Case, CaseError, load
-from kdkit.synth import make_case, seed_shape
+from kdkit.shapes import seed_shape
+from kdkit.synth import make_case
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """The `kdkit` command line as a user meets it: exit codes, errors before work, help, progress,
 start-up. Run in-process through main(argv), and as a real process where start-up is the point.
 
-Exit codes (kdkit/cli.py): 0 all requested work passed; 1 a verdict failed or something requested
+Exit codes (kdkit/cli/__init__.py): 0 all requested work passed; 1 a verdict failed or something requested
 did not run (a skipped backend, unless --allow-skip); 2 bad input or arguments, in one line, before
 any work or any file written.
 """

@@ -5,9 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from kdkit import compare, oracle, synth
+from kdkit import synth
+from kdkit.judge import compare, oracle
 from kdkit.backends import torch_ref
-from kdkit.compare import Metrics, judge, metrics, seed_line
+from kdkit.judge.compare import Metrics, judge, metrics, seed_line
 
 
 # ---- formulas on hand-made arrays ------------------------------------------------------------

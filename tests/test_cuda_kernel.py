@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kdkit import backends, compare, kernel, oracle, shapes, synth, trees
+from kdkit import backends, kernel, shapes, synth, trees
+from kdkit.judge import compare, oracle
 from kdkit.backends import torch_ref
 from kdkit.case import load
 from kdkit.kernel import spec
@@ -469,21 +470,21 @@ def _plan(case, x=None, **kw):
 
 
 def test_rejects_wrong_dtype():
-    case = synth.seed_shape()
+    case = shapes.seed_shape()
     p, x = _plan(case)
     with pytest.raises(kernel.InputError, match="field 'q'"):
         kernel.run(p, x["q"].half(), x["k"], x["v"], x["kv_buffer"])
 
 
 def test_rejects_pool_too_small():
-    case = synth.seed_shape()
+    case = shapes.seed_shape()
     p, x = _plan(case)
     with pytest.raises(kernel.InputError, match="kv_buffer"):
         kernel.run(p, x["q"], x["k"], x["v"], x["kv_buffer"][:2])
 
 
 def test_rejects_mask_of_wrong_length():
-    case = synth.seed_shape()
+    case = shapes.seed_shape()
     case.custom_mask = case.custom_mask[:-9]
     case.mask_indptr = case.mask_indptr.clone()
     case.mask_indptr[-1] -= 9
@@ -512,17 +513,17 @@ def test_rejects_the_gather_where_its_end_mark_cannot_reach():
 
 def test_rejects_bad_nsplit_and_mutant():
     with pytest.raises(kernel.InputError, match="nsplit"):
-        cuda.run(synth.seed_shape(), nsplit=0)
+        cuda.run(shapes.seed_shape(), nsplit=0)
     with pytest.raises(kernel.InputError, match="nsplit"):
-        cuda.run(synth.seed_shape(), nsplit=257)
+        cuda.run(shapes.seed_shape(), nsplit=257)
     with pytest.raises(kernel.InputError, match="mutant"):
-        cuda.run(synth.seed_shape(), mutant="no-such-bug")
+        cuda.run(shapes.seed_shape(), mutant="no-such-bug")
 
 
 def test_rejects_outputs_elsewhere_or_aliased():
     """An audit's: lse on the host or another device, and an .expand()ed out (rows overwriting
     each other) reached the kernel."""
-    case = synth.seed_shape()
+    case = shapes.seed_shape()
     p, x = _plan(case)
     T, H = case.num_tokens, case.num_heads
     with pytest.raises(kernel.InputError, match="field 'lse': on cpu"):
@@ -537,7 +538,7 @@ def test_plans_a_batch_without_query_tokens_and_16_warp_gathers():
     p, x = _plan(case)
     out, _ = kernel.run(p, x["q"], x["k"], x["v"], x["kv_buffer"])
     assert out.shape[0] == 0
-    p, _ = _plan(synth.seed_shape(), nh=2, skip="gather")
+    p, _ = _plan(shapes.seed_shape(), nh=2, skip="gather")
     assert p.config.nt >= 2 and p.config.skip == "gather"
 
 
@@ -547,7 +548,7 @@ def test_run_binds_each_layers_tensors_to_their_own_fields_and_rechecks_what_cha
     pass. Its full check runs again whenever shapes, strides, dtypes or devices change, and the
     alignment on every call: a bad layer after good ones is still refused by name."""
     from kdkit.kernel import params
-    case = synth.seed_shape()
+    case = shapes.seed_shape()
     p, x = _plan(case)
     T, H = case.num_tokens, case.num_heads
     bf = dict(dtype=torch.bfloat16, device="cuda")

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from kdkit import backends, compare, oracle, synth
+from kdkit import backends, shapes, synth
+from kdkit.judge import compare, oracle
 from kdkit.backends import flashinfer_mla as fi
 from kdkit.layout import request_kv
 
@@ -22,7 +23,7 @@ def on_gpu(test):
 
 
 def test_unavailable_is_one_line_naming_the_backend():
-    why = backends.unavailable(fi.NAME, synth.seed_shape())
+    why = backends.unavailable(fi.NAME, shapes.seed_shape())
     assert why is None or (why.startswith(f"{fi.NAME}: ") and "\n" not in why)
     if not torch.cuda.is_available():
         assert why == f"{fi.NAME}: no CUDA GPU: FlashInfer's MLA kernel runs on sm_80+ only"
@@ -52,7 +53,7 @@ def test_pages_hold_each_requests_rows_in_order(layout, page_size):
 
 def test_a_page_size_below_one_is_refused():
     with pytest.raises(ValueError, match="^page_size: 0; give a positive"):
-        fi.paged(synth.seed_shape(tree="causal"), 0, device="cpu")
+        fi.paged(shapes.seed_shape(tree="causal"), 0, device="cpu")
 
 
 def _verdict(case, res):

@@ -20,7 +20,8 @@ from flashinfer_bench.compile.registry import BuilderRegistry  # noqa: E402
 from flashinfer_bench.data import Definition, Solution, TraceSet  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 
-from kdkit import case as kcase, compare  # noqa: E402
+from kdkit import case as kcase  # noqa: E402
+from kdkit.judge import compare  # noqa: E402
 from kdkit.backends import oracle as oracle_backend  # noqa: E402
 from kdkit.byok import flashinfer_trace as fit  # noqa: E402
 

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from kdkit import synth
+from kdkit import shapes, synth
 from kdkit.constants import KV_INDICES_COVER
 from kdkit.kernel import InputError
 from kdkit.kernel.api import Metadata
@@ -60,7 +60,7 @@ def test_a_layers_slots_are_written_in_place_and_the_plans_fields_kept():
 def test_infinite_scale_or_cap_and_oversized_batches_are_refused():
     """An infinite sm_scale or logit_cap made every score inf (or inf x 0 = NaN): a silent NaN output."""
     from kdkit.kernel.checks import check_scalars
-    case = synth.seed_shape()
+    case = shapes.seed_shape()
     for change, field in ((dict(sm_scale=float("inf")), "sm_scale"), (dict(logit_cap=float("inf")), "logit_cap"),
                           (dict(sm_scale=float("nan")), "sm_scale"), (dict(num_heads=0), "num_heads")):
         with pytest.raises(InputError, match=f"field '{field}'"):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from kdkit import bundled, lint, synth, trees
+from kdkit import bundled, lint, shapes, synth, trees
 from kdkit.case import load
 from kdkit.layout import to_unified
 from kdkit.lint import Finding
@@ -91,7 +91,7 @@ def test_mask_indptr_sliced_end_offsets_bs2():
 
 
 def test_mask_indptr_sliced_end_offsets_seed_bs1():
-    case = synth.seed_shape()
+    case = shapes.seed_shape()
     bad = case.clone(mask_indptr=case.mask_indptr[1:].clone())
     f = only(bad, "mask-indptr-sliced")
     assert f.severity == "error" and "[270]" in f.message and "9x30" in f.message
@@ -390,7 +390,7 @@ def test_a_crashing_check_becomes_lint_internal():
 
     lint.CHECKS.append(check_that_crashes)
     try:
-        found = lint.check(synth.seed_shape())
+        found = lint.check(shapes.seed_shape())
     finally:
         lint.CHECKS.remove(check_that_crashes)
     assert [f.code for f in found] == ["lint-internal"]

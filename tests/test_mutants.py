@@ -1,5 +1,5 @@
-"""Every mutant is caught: the torch backend plants each bug of kdkit.mutants (the kernel's list) and
-the judge (kdkit.compare) must fail it on every bundled case and every probe where it can act; the
+"""Every mutant is caught: the torch backend plants each bug of kdkit.judge.wrong_kernels (the kernel's list) and
+the judge (kdkit.judge.compare) must fail it on every bundled case and every probe where it can act; the
 bugs of issue 8 are caught at prefix 21, 8K, 32K and 128K on one random draw (seed 8; see
 test_issue_bugs_caught_at_every_prefix for the draws where one dropped row of 128K hides). A judge
 that passes a mutant is broken."""
@@ -10,7 +10,8 @@ import re
 import pytest
 import torch
 
-from kdkit import bundled, kernel, mutants, probes, synth, trials
+from kdkit import bundled, kernel, shapes, synth
+from kdkit.judge import heavy_cases, trials, wrong_kernels
 from kdkit.backends import torch_ref
 from kdkit.case import load
 from kdkit.kernel import jit, spec
@@ -24,16 +25,16 @@ GOOD = [e["path"] for e in bundled.load_manifest(DATA)["cases"] if e["expected_r
 
 def test_registry_is_the_kernels():
     """One list of bugs for the CPU and the GPU: the kernel's registry has exactly these names."""
-    assert set(mutants.MUTANTS) == set(kernel.MUTANTS)
-    assert len(mutants.MUTANTS) >= 10 and all(d.strip() for d in mutants.MUTANTS.values())
+    assert set(wrong_kernels.MUTANTS) == set(kernel.MUTANTS)
+    assert len(wrong_kernels.MUTANTS) >= 10 and all(d.strip() for d in wrong_kernels.MUTANTS.values())
 
 
 def test_one_entry_per_mutant_holds_its_hooks():
-    """kdkit/mutants.py is the one registry: the kernel's build defines are its entry's hooks, and
+    """kdkit/judge/wrong_kernels.py is the one registry: the kernel's build defines are its entry's hooks, and
     each hook is one that cuda/kd_mutants.cuh declares."""
     cuh = (jit.CUDA_DIR / "kd_mutants.cuh").read_text()
-    for name, m in mutants.REGISTRY.items():
-        assert m.what == mutants.MUTANTS[name] and m.hooks, name
+    for name, m in wrong_kernels.REGISTRY.items():
+        assert m.what == wrong_kernels.MUTANTS[name] and m.hooks, name
         assert kernel_mutants.defines(name) == m.hooks
         for hook in m.hooks:
             assert re.search(rf"#ifndef\s+{re.escape(hook.split('(')[0])}\b", cuh), (name, hook)
@@ -45,7 +46,7 @@ def test_hooks_are_written_with_the_kernels_macros():
     macro, which the .cu or the build's defines provide where the hook expands."""
     src = "".join((jit.CUDA_DIR / f).read_text() for f in ("mla_tc.cu", "kd_common.cuh"))
     defined = set(re.findall(r"#define\s+(KD_\w+)", src)) | set(spec.KernelConfig().defines())
-    for name, m in mutants.REGISTRY.items():
+    for name, m in wrong_kernels.REGISTRY.items():
         for hook, text in m.hooks.items():
             assert not re.search(r"\b(16|32|64|512|576)\b", text), f"{name}: {hook} = {text} restates a number"
             for macro in re.findall(r"\bKD_\w+", text):
@@ -54,16 +55,16 @@ def test_hooks_are_written_with_the_kernels_macros():
 
 def test_unknown_mutant_is_one_error_for_torch_and_cuda():
     """The same ValueError, naming the choices, from the torch backend and the kernel's build."""
-    want = f"mutant 'no-such-bug' is not registered; choose from {', '.join(mutants.MUTANTS)}"
+    want = f"mutant 'no-such-bug' is not registered; choose from {', '.join(wrong_kernels.MUTANTS)}"
     with pytest.raises(ValueError) as on_torch:
-        torch_ref.run(synth.seed_shape(), mutant="no-such-bug")
+        torch_ref.run(shapes.seed_shape(), mutant="no-such-bug")
     with pytest.raises(ValueError) as on_cuda:
         spec.KernelConfig(mutant="no-such-bug")
     assert str(on_torch.value) == str(on_cuda.value) == want
 
 
 def test_bundle_holds_the_probes():
-    assert {f"probes/{n}.pt" for n in probes.BUNDLED} <= set(GOOD)
+    assert {f"probes/{n}.pt" for n in heavy_cases.BUNDLED} <= set(GOOD)
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +73,7 @@ def bundled_rows():
     return trials.mutant_rows("torch", cases)
 
 
-@pytest.mark.parametrize("name", list(mutants.MUTANTS))
+@pytest.mark.parametrize("name", list(wrong_kernels.MUTANTS))
 def test_mutant_caught_on_every_bundled_case_and_probe(bundled_rows, name):
     rows = [r for r in bundled_rows if r.mutant == name]
     assert len(rows) == len(GOOD)
@@ -112,7 +113,7 @@ def test_mutants_that_cannot_act_are_the_expected_ones(bundled_rows):
 
 def test_table_names_the_check_and_margin(bundled_rows):
     text = trials.table(bundled_rows)
-    assert text.count("\n") == len(mutants.MUTANTS) + 1
+    assert text.count("\n") == len(wrong_kernels.MUTANTS) + 1
     assert f"| no-scale | {len(GOOD)}/{len(GOOD)} cases | lse x" in text and "MISSED" not in text
 
 
@@ -120,12 +121,12 @@ def test_table_names_the_check_and_margin(bundled_rows):
 def test_long_probes_catch_every_mutant_without_the_lse(name):
     """The 32K and 128K probes (generated: too large to commit): every mutant caught on the output
     alone, where random data at that length hides several of them."""
-    rows = trials.mutant_rows("torch", {name: probes.make(name)})
+    rows = trials.mutant_rows("torch", {name: heavy_cases.make(name)})
     for r in rows:
         assert r.status in ("caught", "cannot act"), (r.mutant, r.status, r.ratio)
         if r.status == "caught":
             assert r.ratio > 1 and r.output_ratio > 1, (r.mutant, r.ratio, r.output_ratio)
-    assert sum(r.status == "caught" for r in rows) >= len(mutants.MUTANTS) - 1
+    assert sum(r.status == "caught" for r in rows) >= len(wrong_kernels.MUTANTS) - 1
 
 
 # ---- issue 8's planted bugs, on random data (seed 8), at every prefix length ---------------------

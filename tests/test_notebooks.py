@@ -296,12 +296,8 @@ def test_failures_gallery(tmp_path):
         assert e["caught"] and e["after"] == "pass", e       # each one caught, and clean after the fix
     assert entries["mask-indptr-sliced"]["by"] == "lint" and "mask-indptr-sliced" in entries["mask-indptr-sliced"]["before"]
     mutants = [e for e in res["entries"] if e["kind"] == "mutant"]
-    try:
-        from kdkit.mutants import MUTANTS
-    except ImportError:
-        assert not mutants and any("kdkit.mutants" in n for n in res["notes"])
-    else:
-        assert {e["failure"] for e in mutants} == set(MUTANTS)
+    from kdkit.judge.wrong_kernels import MUTANTS
+    assert {e["failure"] for e in mutants} == set(MUTANTS)
 
 
 # ---- on a GPU: the CUDA kernel in replay.ipynb, a live sweep in nsplit.ipynb -----------------------
@@ -331,11 +327,11 @@ def test_explorer_takes_a_case_without_query_rows(tmp_path):
 
 
 def test_notebook_parameters_are_checked_by_name(tmp_path):
-    from kdkit import plots, synth
+    from kdkit import plots, shapes
     from kdkit.perf import bench
     from kdkit.perf import results as br
     from kdkit.replay import replay
-    case = synth.seed_shape()
+    case = shapes.seed_shape()
     rep = replay(case, ["oracle", "torch"])
     with pytest.raises(ValueError, match=r"token = 3\.0: a whole number"):
         plots.replay_figures(case, rep, token=3.0)

@@ -5,12 +5,13 @@ import numpy as np
 import pytest
 import torch
 
-from kdkit import oracle, synth
+from kdkit import shapes, synth
+from kdkit.judge import oracle
 
 
 def brute_force(case):
     """One (token, head) row at a time in plain Python, read straight off the case's arrays
-    (no kdkit.layout, no kdkit.oracle): SGLang's semantics written out longhand."""
+    (no kdkit.layout, no kdkit.judge.oracle): SGLang's semantics written out longhand."""
     T, H, Dv = case.num_tokens, case.num_heads, case.v_head_dim
     out = np.zeros((T, H, Dv))
     lse = np.full((T, H), -math.inf)
@@ -175,9 +176,9 @@ def test_nan_poisoned_unreferenced_rows_do_not_leak():
 def test_nan_logits_poison_the_row_instead_of_emptying_it():
     """A NaN the row really sees (here in the rope dims of a visible prefix row) must make the
     oracle's row NaN, so judging against it fails; it must not pass as a row that sees nothing."""
-    from kdkit import compare
+    from kdkit.judge import compare
     from kdkit.backends import torch_ref
-    case = synth.seed_shape()
+    case = shapes.seed_shape()
     case.kv_buffer[int(case.kv_indices[3]), 0, 520] = float("nan")
     out, lse = oracle.run(case)
     assert np.isnan(out).all() and np.isnan(lse).all()  # every row sees the whole prefix

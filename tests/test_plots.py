@@ -7,11 +7,12 @@ import pytest
 import torch
 
 from conftest import DATA, ROOT
-from kdkit import oracle, plots, synth, trees
+from kdkit import plots, shapes, synth, trees
+from kdkit.judge import oracle
 from kdkit.perf import results as bench_results
 from kdkit.backends import torch_ref
 from kdkit.case import load
-from kdkit.compare import judge, metrics
+from kdkit.judge.compare import judge, metrics
 from kdkit.replay import replay
 
 FIXTURE = ROOT / "tests" / "data" / "bench-results-fixture.json"   # synthetic numbers, a test fixture
@@ -19,7 +20,7 @@ FIXTURE = ROOT / "tests" / "data" / "bench-results-fixture.json"   # synthetic n
 
 @pytest.fixture(scope="module")
 def case():
-    return synth.seed_shape()
+    return shapes.seed_shape()
 
 
 def test_error_heatmap(case):

@@ -2,7 +2,7 @@
 all pass the judge, with their LSE and on the output alone; the worst error-to-limit ratio is
 reported. A failure prints its seed and spec, saves the case with the options it ran with, and
 prints the call that reproduces its numbers (trials.repro_call). The same generator and runner serve the GPU run:
-`python -m kdkit.trials correct --backend cuda --seeds 0:1000`."""
+`python -m kdkit.judge.trials correct --backend cuda --seeds 0:1000`."""
 from __future__ import annotations
 
 import os
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kdkit import trials
+from kdkit.judge import trials
 from kdkit.case import load
 
 EXAMPLES = int(os.environ.get("KDKIT_PROPERTY_EXAMPLES", "500"))

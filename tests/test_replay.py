@@ -7,9 +7,9 @@ import types
 import pytest
 import torch
 
-from kdkit import backends, report, synth
+from kdkit import backends, report, shapes, synth
 from kdkit.backends import torch_ref
-from kdkit.compare import out_floor
+from kdkit.judge.compare import out_floor
 from kdkit.replay import ReplayReport, replay
 
 ALL = ["oracle", "torch", "captured", "triton_sglang"]
@@ -18,12 +18,12 @@ ALL = ["oracle", "torch", "captured", "triton_sglang"]
 def _captured_case(**kw):
     """The seed's shape with a stored reference output. The stand-in for the live Triton output is
     the torch backend with P rounded to bf16 (what Triton does): a real kernel, not a mock."""
-    case = synth.seed_shape(**kw)
+    case = shapes.seed_shape(**kw)
     return case.clone(ref_out=torch_ref.run(case, p_bf16=True).out)
 
 
 def test_seed_shape_all_backends():
-    case = synth.seed_shape()
+    case = shapes.seed_shape()
     rep = replay(case, ALL)
     assert isinstance(rep, ReplayReport) and rep.case_id == "seed-shape"
     assert [r.backend for r in rep.rows] == ALL
@@ -57,7 +57,7 @@ def test_captured_output_is_judged_and_serves_as_production():
 
 
 def test_wrong_captured_output_fails_with_reasons():
-    case = synth.seed_shape()
+    case = shapes.seed_shape()
     wrong = torch_ref.run(case.clone(sm_scale=1.0)).out           # a kernel that forgot sm_scale
     rep = replay(case.clone(ref_out=wrong), ["oracle", "torch", "captured"])
     row = rep.row("captured")
@@ -67,7 +67,7 @@ def test_wrong_captured_output_fails_with_reasons():
 
 
 def test_error_row_and_replay_goes_on():
-    rep = replay(synth.seed_shape(), ["torch", "oracle"], torch={"bogus": 1})
+    rep = replay(shapes.seed_shape(), ["torch", "oracle"], torch={"bogus": 1})
     assert rep.row("torch").status == "error" and "TypeError" in rep.row("torch").reason
     assert rep.row("oracle").status == "pass"
     assert not rep.passed
@@ -89,7 +89,7 @@ def test_each_backend_gets_a_clone(monkeypatch):
     mod.run = run
     monkeypatch.setitem(sys.modules, mod.__name__, mod)
     monkeypatch.setitem(backends.BACKENDS, "scribbler", mod.__name__)
-    case = synth.seed_shape()
+    case = shapes.seed_shape()
     q0, kv0 = case.q.clone(), case.kv_buffer.clone()
     rep = replay(case, ["scribbler", "torch", "oracle"])
     assert [r.status for r in rep.rows] == ["pass", "pass", "pass"]
@@ -104,7 +104,7 @@ def test_against_a_backend():
     # a bf16 reference: 3 x production + 2 x floor (see compare.judge)
     assert "3 x production" in rep.row("torch").verdict.rule
     with pytest.raises(backends.BackendUnavailable, match="captured"):
-        replay(synth.seed_shape(), ["torch"], against="captured")
+        replay(shapes.seed_shape(), ["torch"], against="captured")
 
 
 NO_LSE = "judged on the output alone (tighter limits)"
@@ -136,7 +136,7 @@ def test_against_a_reference_without_lse_the_tighter_rule_is_said():
 
 
 def test_bad_arguments_are_named():
-    case = synth.seed_shape()
+    case = shapes.seed_shape()
     with pytest.raises(KeyError, match="nosuch"):
         replay(case, ["nosuch"])
     with pytest.raises(TypeError, match="not backend names"):
@@ -144,7 +144,7 @@ def test_bad_arguments_are_named():
 
 
 def test_table_and_seed_lines():
-    rep = replay(synth.seed_shape(), ALL)
+    rep = replay(shapes.seed_shape(), ALL)
     tab = rep.table()
     lines = tab.splitlines()
     assert lines[0].startswith("seed-shape: synthetic bs=1 H=8 q_len=9 prefix=21")
@@ -162,7 +162,7 @@ def test_table_and_seed_lines():
 
 
 def test_lint_findings_are_attached():
-    case = synth.seed_shape()
+    case = shapes.seed_shape()
     rep = replay(case, ["oracle"])
     if importlib.util.find_spec("kdkit.lint") is None:
         # kdkit.lint is being written alongside; until it lands the report says so

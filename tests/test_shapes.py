@@ -8,7 +8,8 @@ import re
 import pytest
 import torch
 
-from kdkit import bundled, probes, shapes, synth
+from kdkit import bundled, shapes, synth
+from kdkit.judge import heavy_cases
 
 from conftest import ROOT
 
@@ -49,8 +50,8 @@ def test_bench_grid_is_issue_9s():
 def test_bundled_cases_are_the_bundled_shapes():
     """What data/captured_tensors/manifest.json records is what the data file says."""
     manifest = {e["case_id"].removeprefix("failure-"): e["shape"] for e in bundled.load_manifest()["cases"]}
-    # the bundled set, and the probes small enough to commit (kdkit.probes.BUNDLED)
-    want = shapes.get("bundled") + [s for s in shapes.get("probes") if s["name"] in probes.BUNDLED]
+    # the bundled set, and the probes small enough to commit (kdkit.judge.heavy_cases.BUNDLED)
+    want = shapes.get("bundled") + [s for s in shapes.get("probes") if s["name"] in heavy_cases.BUNDLED]
     assert sorted(manifest) == sorted(s["name"] for s in want)
     for s in want:
         shape = manifest[s["name"]]

@@ -1,4 +1,4 @@
-"""The eager PyTorch backend against the float64 oracle, under kdkit.compare's tolerance rule.
+"""The eager PyTorch backend against the float64 oracle, under kdkit.judge.compare's tolerance rule.
 
 This sweep is also the calibration of the rule's bf16 floor (compare.OUT_FLOOR_U): correct bf16
 kernels (fp32 P, and P rounded to bf16 as Triton does) must pass it with margin."""
@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from kdkit import backends, oracle, synth
+from kdkit import backends, shapes, synth
+from kdkit.judge import oracle
 from kdkit.backends import torch_ref
-from kdkit.compare import BF16_U, OUT_FLOOR_U, judge, metrics
+from kdkit.judge.compare import BF16_U, OUT_FLOOR_U, judge, metrics
 
 SWEEP = [
     # (kwargs, ids) chains, trees, ragged, prefix 0, q_len 1..1025, magnitude up to 30, H 1/8/16/128
@@ -52,7 +53,7 @@ def test_within_rule_against_oracle(kw, layout):
 def test_floor_is_not_vacuous():
     """bf16 output rounding alone reaches a good part of u * max|ref|: the floor is the right size,
     not orders of magnitude above what correct kernels do."""
-    case = synth.seed_shape()
+    case = shapes.seed_shape()
     o, _ = oracle.run(case)
     m = metrics(torch_ref.run(case).out, o)
     assert 0.25 <= m.max_abs / (BF16_U * m.ref_max_abs) <= 1.0
@@ -97,7 +98,7 @@ def test_row_that_sees_nothing_matches_oracle_convention():
 
 
 def test_registry_and_result_info():
-    case = synth.seed_shape()
+    case = shapes.seed_shape()
     assert backends.unavailable("torch", case) is None
     res = backends.run("torch", case)
     assert res.info["device"] == "cpu" and res.info["dtype"] == "bf16 out, fp32 math"
@@ -139,7 +140,7 @@ def test_small_chunks_give_the_same_answer():
 
 @pytest.mark.gpu
 def test_gpu_matches_cpu():
-    case = synth.seed_shape()
+    case = shapes.seed_shape()
     a = torch_ref.run(case)
     b = torch_ref.run(case, device="cuda")
     assert b.out.is_cuda and b.info["device"].startswith("cuda")

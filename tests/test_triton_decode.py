@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from kdkit import backends, layout, oracle, shapes
+from kdkit import backends, layout, shapes
+from kdkit.judge import oracle
 from kdkit.backends import triton_decode
 from kdkit.perf.correctness import Reference
 

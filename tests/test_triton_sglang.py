@@ -8,7 +8,7 @@ Two groups:
     installed sglang) and are skipped only when neither exists. Without CUDA they run under
     Triton's interpreter on the CPU (about 0.2-0.7 s a case on 2 cores), with CUDA on the GPU.
 
-Tolerance: kdkit.compare.judge against the oracle with no production term, i.e. the floors:
+Tolerance: kdkit.judge.compare.judge against the oracle with no production term, i.e. the floors:
 max_abs <= 2^-6 max|oracle| (compare.OUT_FLOOR_U; two bf16 roundings with 2x margin), the error in
 bf16 spacings (compare.ULP_*) and each row's LSE within compare.LSE_ULPS fp32 units. This kernel
 IS the production path, so the floors alone apply.
@@ -25,7 +25,8 @@ import numpy as np
 import pytest
 import torch
 
-from kdkit import backends, compare, layout, oracle, synth
+from kdkit import backends, layout, shapes, synth
+from kdkit.judge import compare, oracle
 from kdkit import sglang_source as ss
 from kdkit.backends import BackendUnavailable
 from kdkit.backends import triton_sglang as tb
@@ -148,7 +149,7 @@ def test_each_release_runs_the_seed_shape(rel, trees, clean_env):
     """Both layouts, old and new signatures, run (interpreter on a CPU) and agree with the oracle."""
     site, _ = _need(trees, rel)
     clean_env.setenv(ss.ENV_VAR, str(site))
-    case = synth.seed_shape()
+    case = shapes.seed_shape()
     res = tb.run(case)
     assert res.info["sglang_release"] == rel
     assert (res.lse is None) == (rel == "0.5.10")
@@ -179,7 +180,7 @@ def _judge(case, res):
 
 
 CASES = {
-    "seed_shape": lambda: synth.seed_shape(),
+    "seed_shape": lambda: shapes.seed_shape(),
     # bs 4, prefix 0 among them, shuffled and NaN-poisoned pool
     "ragged_bs4": lambda: synth.make_case(bs=4, prefix=[0, 7, 30, 3], q_len=9, heads=8, tree="eagle", seed=1),
     # ragged q_len too (q_len 1: a row that sees only the prefix and itself)
@@ -247,7 +248,7 @@ def test_wrong_mask_fails_the_check(source):
 
 
 def test_out_of_bounds_mask_is_refused(source):
-    case = synth.seed_shape()
+    case = shapes.seed_shape()
     short = case.clone(custom_mask=case.custom_mask[:-9])  # 9 x 30 = 270 needed, 261 given
     with pytest.raises(CaseError, match="custom_mask"):
         tb.run(short)
@@ -256,13 +257,13 @@ def test_out_of_bounds_mask_is_refused(source):
 
 
 def test_lse_can_be_skipped(source):
-    res = tb.run(synth.seed_shape(), with_lse=False)
+    res = tb.run(shapes.seed_shape(), with_lse=False)
     assert res.lse is None and res.info["lse"] == "not requested"
 
 
 def test_unavailable_is_none_when_a_source_exists(source):
     env, mods = dict(os.environ), set(sys.modules)
-    assert tb.unavailable(synth.seed_shape()) is None
+    assert tb.unavailable(shapes.seed_shape()) is None
     assert dict(os.environ) == env and set(sys.modules) == mods, "unavailable() changed the process"
 
 
@@ -284,7 +285,7 @@ def test_interpreter_switched_off_by_hand_is_reported(source, monkeypatch):
     why = tb.unavailable()
     assert why.startswith("triton_sglang: no CUDA device and TRITON_INTERPRET='0'")
     with pytest.raises(BackendUnavailable, match="TRITON_INTERPRET"):
-        tb.run(synth.seed_shape())
+        tb.run(shapes.seed_shape())
 
 
 @pytest.mark.gpu  # runs compiled, not interpreted

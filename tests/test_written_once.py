@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kdkit import probes
+from kdkit.judge import heavy_cases
 from kdkit.backends import torch_ref
 from kdkit.kernel import jit, schedule
 
@@ -24,7 +24,7 @@ def test_split_span_is_one_formula(kv_len, nsplit, span):
     assert schedule.split_span(kv_len, nsplit) == span
     bounds = torch_ref.split_bounds(kv_len, nsplit)
     assert [b for b, _ in bounds] == list(range(0, kv_len, span)) and bounds[-1][1] == kv_len
-    assert probes.split_boundaries(kv_len, [nsplit]) == list(range(span, kv_len, span))
+    assert heavy_cases.split_boundaries(kv_len, [nsplit]) == list(range(span, kv_len, span))
 
 
 def test_the_kernels_copy_of_the_split_span_is_the_same():

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import oracle
+from ..judge import oracle
 from . import Result
 
 NAME = "oracle"
@@ -16,7 +16,7 @@ def unavailable(case=None):
 
 def run(case) -> Result:
     out, lse, cond, scale = oracle.run(case, with_cond=True, with_scale=True)
-    # lse_cond: each row's logit size, which kdkit.compare scales the LSE tolerance by; out_scale:
+    # lse_cond: each row's logit size, which kdkit.judge.compare scales the LSE tolerance by; out_scale:
     # each row's size before its V rows cancel, which it measures the output's error against where
     # that is larger than the row (both from the same pass)
     info = {"device": "cpu", "dtype": "float64", "lse_cond": cond, "out_scale": scale,

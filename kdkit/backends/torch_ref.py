@@ -10,7 +10,7 @@ it (`split_bounds`; the split count is the kernel's choice for the shape on an H
 kdkit.kernel.schedule, unless `nsplit` is given); each split gets its own max, sum and partial
 output, merged by log-sum-exp.
 Same numbers up to fp32 rounding as one softmax over the row, and it is where the split-related
-mutants (kdkit.mutants) have something to get wrong.
+mutants (kdkit.judge.wrong_kernels) have something to get wrong.
 
 Only the KV rows a request references are gathered, so NaN-poisoned unreferenced pool rows are
 never touched. The case is never mutated.
@@ -20,14 +20,15 @@ Options:
   p_bf16      round P to bf16 before P @ V, as Triton/FlashAttention-style kernels do (default
               False); used to check that the tolerance floor admits real kernels
   nsplit      KV splits per request (default: the kernel's choice for the shape on 132 SMs)
-  mutant      plant one of kdkit.mutants.MUTANTS (a deliberately wrong build; negative control)
+  mutant      plant one of kdkit.judge.wrong_kernels.MUTANTS (a deliberately wrong build; negative control)
   chunk_elems bound on one score block (rows x heads x kv), to keep q_len 1025 x 128 heads small
 """
 from __future__ import annotations
 
 import torch
 
-from .. import layout, mutants
+from .. import layout
+from ..judge import wrong_kernels
 from ..kernel import schedule
 from ..layout import request_kv
 from . import Prepared, Result
@@ -182,7 +183,7 @@ def default_nsplit(case, sm_count: int = schedule.H200_SM_COUNT) -> int:
 
 def run(case, *, device=None, p_bf16: bool = False, nsplit: int | None = None, mutant: str | None = None,
         chunk_elems: int = 1 << 24) -> Result:
-    mutants.check(mutant)
+    wrong_kernels.check(mutant)
     ns = default_nsplit(case) if nsplit is None else int(nsplit)
     if ns < 1:
         raise ValueError(f"torch backend: nsplit={nsplit} must be >= 1")
@@ -207,7 +208,7 @@ def prepare(case, *, device=None, p_bf16: bool = False, nsplit: int | None = Non
     """run() made ready for timing on `device` (default: the GPU where there is one, else the
     case's device): q, k, v and the pool copied there once; each launch is the eager computation
     (torch's caching allocator and the per-request host loop included: not graph-safe)."""
-    mutants.check(mutant)
+    wrong_kernels.check(mutant)
     dev = torch.device(device) if device is not None else (
         torch.device("cuda") if torch.cuda.is_available() else case.q.device)
     on_dev = case.clone(**{n: getattr(case, n).to(dev) for n in ("q", "k", "v", "kv_buffer")})

@@ -140,7 +140,7 @@ def judge(backend, case, **opts):
     (kdkit.compare.judge's floors). Returns the Verdict."""
     from ..backends import oracle as oracle_backend
     from ..case import load
-    from ..compare import judge as judge_metrics, metrics
+    from ..judge.compare import judge as judge_metrics, metrics
     case = load(case) if not hasattr(case, "q") else case
     ref = oracle_backend.run(case)
     res = backend.run(case.clone(), **opts)

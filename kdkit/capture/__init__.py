@@ -9,6 +9,6 @@ MLA attention of TritonAttnBackend.forward_extend on every TP rank, without ever
   hook.py           the AROUND hook: selection, the per-call kernel tap, the three modes
   plugin.py         the entry point SGLang's load_plugins() calls; the sitecustomize installation
   installer.py      writes sitecustomize.py for SGLang without the plugin system
-  cli.py            `kdkit capture env | sitecustomize DIR`
-Importing this package imports neither torch nor SGLang.
+`kdkit capture env | sitecustomize DIR` is kdkit/cli/capture.py. Importing this package imports
+neither torch nor SGLang.
 """

@@ -25,7 +25,7 @@ import weakref
 import torch
 
 from .. import case as case_mod
-from .. import compare
+from ..judge import compare
 from . import kernels, record, sglang_api
 from .settings import Settings
 from .store import Store, Writer

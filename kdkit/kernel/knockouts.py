@@ -5,7 +5,7 @@ costs. Their results are WRONG by design: no check runs on them and nothing uses
 
 A knockout is `KD_KO` set to one of cuda/kd_knockouts.cuh's numbers; the production build defines
 nothing, every test of it folds away at compile time, and its code is the code without the hooks.
-(Mutants, by contrast, are wrong builds that the judge must catch: kdkit/mutants.py.)
+(Mutants, by contrast, are wrong builds that the judge must catch: kdkit/judge/wrong_kernels.py.)
 """
 from __future__ import annotations
 

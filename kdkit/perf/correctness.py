@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import backends, compare, trials
+from .. import backends
+from ..judge import compare, trials
 
 # The oracle's cost: float64 NumPy on the CPU, ~0.7 million scores a second on a 2-core CI machine
 # and a few times that on a GPU host (1 x 32K, q_len 9, H 8 = 2.4M scores: 3.6 s here). Above

@@ -12,7 +12,8 @@ import sys
 
 import torch
 
-from .. import compare, oracle, shapes
+from .. import shapes
+from ..judge import compare, oracle
 
 SET = "gpu-selfcheck"
 MAKE = {"h128-uint8-mask-int64-idx": dict(mask_dtype=torch.uint8, index_dtype=torch.int64)}  # -> make_case

@@ -92,7 +92,7 @@ def replace_in_graph(spec: dict) -> dict:
     captured with and on refilled batches (new q/k, shorter prefixes, same buffers). Each replay is
     compared with the unhooked forward_extend (Triton) on the same batch, and with kdkit's kernel
     run eagerly through the plugin (the same plan: the graph must give the same bits)."""
-    from kdkit import compare
+    from kdkit.judge import compare
     from sglang.srt.model_executor.runner_utils.capture_mode import model_capture_mode
     plain = harness.unhooked_forward_extend()
     st = harness.Step("graph", seed=spec.get("seed", 0))

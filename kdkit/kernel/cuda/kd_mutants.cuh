@@ -1,6 +1,6 @@
 // Hooks for the mutants: deliberately wrong builds that the judge must catch (negative controls).
 // The production kernel calls every hook below; each default is the identity. A mutant is one
-// registry entry in kdkit/mutants.py that redefines one hook with -D'HOOK(args)=expr'.
+// registry entry in kdkit/judge/wrong_kernels.py that redefines one hook with -D'HOOK(args)=expr'.
 // Nothing else in the kernel changes, so a mutant differs from production by exactly one thing.
 #pragma once
 

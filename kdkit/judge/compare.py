@@ -99,7 +99,7 @@ def spacing(ref: np.ndarray, use: np.ndarray | None = None, row_scale: np.ndarra
     An element much smaller than its row's RMS (a near-zero output from cancellation) is not
     measured in its own tiny spacing: the arithmetic that made it (fp32 sums of p*v, P rounded
     to bf16) errs in proportion to the row's size, not the element's. row_scale ([T, H],
-    kdkit.oracle.out_scale's [..., 0]) is the row's size before its V rows cancel: a whole row that cancels
+    kdkit.judge.oracle.out_scale's [..., 0]) is the row's size before its V rows cancel: a whole row that cancels
     (its RMS tiny too) errs in proportion to that. [T, H, D] -> [T, H, D]."""
     r = np.where(use, ref, 0.0) if use is not None else ref
     n = use.sum(axis=-1, keepdims=True) if use is not None else np.full(r.shape[:-1] + (1,), r.shape[-1])
@@ -133,7 +133,7 @@ def _ulp_stats(z: np.ndarray, use: np.ndarray) -> dict:
 def lse_unit(ref_lse: np.ndarray, cond: np.ndarray | None, ref_lse_max: float) -> np.ndarray:
     """[T, H] the fp32 error scale of each row's LSE: 2^-24 x (|lse| + cond).
 
-    cond (kdkit.oracle.lse_condition) is sm_scale x the probability-weighted sum_d |q_d k_jd|: an fp32
+    cond (kdkit.judge.oracle.lse_condition) is sm_scale x the probability-weighted sum_d |q_d k_jd|: an fp32
     logit computed from 576 products errs in proportion to that, not to the logit itself (large
     q and k that cancel), and the LSE is the weighted mean of its logits' errors plus its own
     rounding (|lse|). Without cond, max|ref lse| over the whole output stands in for it (it is at
@@ -146,8 +146,8 @@ def lse_unit(ref_lse: np.ndarray, cond: np.ndarray | None, ref_lse_max: float) -
 def metrics(out, ref, lse=None, ref_lse=None, lse_cond=None, out_scale=None) -> Metrics:
     """Compare `out` (a backend) with `ref` ([T, H, D] each; tensors or arrays) in float64.
 
-    lse_cond ([T, H], kdkit.oracle.lse_condition) sizes the LSE error scale per row (`lse_unit`).
-    out_scale ([T, H, 2], kdkit.oracle.out_scale) is each row's size before its V rows cancel, over
+    lse_cond ([T, H], kdkit.judge.oracle.lse_condition) sizes the LSE error scale per row (`lse_unit`).
+    out_scale ([T, H, 2], kdkit.judge.oracle.out_scale) is each row's size before its V rows cancel, over
     its dims and at its largest dim: the output's error is measured against the first where it
     exceeds the row's own size (`spacing`), and `judge`'s max|ref| floor against the largest of the
     second, so a correct kernel that rounds P to bf16 passes a row that cancels.
@@ -166,7 +166,7 @@ def metrics(out, ref, lse=None, ref_lse=None, lse_cond=None, out_scale=None) -> 
     lse_cond = _np(lse_cond)
     scale = _np(out_scale)
     if scale is not None and scale.shape != (T, H, 2):
-        raise ValueError(f"out_scale has shape {scale.shape}, expected {(T, H, 2)} (kdkit.oracle.out_scale)")
+        raise ValueError(f"out_scale has shape {scale.shape}, expected {(T, H, 2)} (kdkit.judge.oracle.out_scale)")
     use = np.isfinite(b)
     ref_nonfinite = int((~use).sum())
     empty = np.zeros((T, H), bool)

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .case import Case
-from . import layout
-from .layout import request_kv
+from ..case import Case
+from .. import layout
+from ..layout import request_kv
 
 
 def _f64(t) -> np.ndarray:
@@ -119,7 +119,7 @@ def lse_condition(case: Case) -> np.ndarray:
 
     An fp32 kernel's logit s_j carries an error of about 2^-24 x sm_scale x sum_d |q_d k_jd| (a 576-term
     fp32 dot product), and its LSE is the probability-weighted mean of those errors plus the rounding
-    of the LSE itself; kdkit.compare scales the LSE tolerance by this. Rows that see nothing: 0.
+    of the LSE itself; kdkit.judge.compare scales the LSE tolerance by this. Rows that see nothing: 0.
     run(case, with_cond=True) gives it with the output in one pass."""
     return run(case, with_cond=True)[2]
 
@@ -133,7 +133,7 @@ def out_scale(case: Case) -> np.ndarray:
     A correct bf16 kernel rounds P to bf16 (each p_j moves by up to 2^-8 p_j), so an output element
     errs by about 2^-8 x that size, whatever the element's own size: where the row's V rows cancel
     (opposite rows under nearly equal weights) the output is tiny but its error is not.
-    kdkit.compare measures error against this size where it exceeds the row's own. Where V rows do
+    kdkit.judge.compare measures error against this size where it exceeds the row's own. Where V rows do
     not cancel more than random signs do, it is about the row's RMS or smaller, and nothing changes.
     Rows that see nothing: 0. run(case, with_scale=True) gives it with the output in one pass."""
     return run(case, with_scale=True)[2]

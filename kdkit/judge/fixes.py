@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from .case import Case
-from .layout import _segments
+from ..case import Case
+from ..layout import _segments
 
 
 def mask_indptr_sliced(case: Case) -> Case:

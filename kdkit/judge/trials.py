@@ -5,15 +5,15 @@
     case = trials.make(spec)                       # its synthetic case
     t = trials.check(case, "torch")                # run, judge with and without the LSE
     s = trials.run_correct("cuda", range(1000), out_dir="reports/property")   # the GPU run
-    rows = trials.mutant_rows("torch", {"probe-8k": probes.make("probe-8k")})
+    rows = trials.mutant_rows("torch", {"probe-8k": heavy_cases.make("probe-8k")})
 
-    python -m kdkit.trials correct --backend cuda --seeds 0:1000 --big --out reports/property
-    python -m kdkit.trials mutants --backend cuda [--cases bundled,probes]
+    python -m kdkit.judge.trials correct --backend cuda --seeds 0:1000 --big --out reports/property
+    python -m kdkit.judge.trials mutants --backend cuda [--cases bundled,probes]
 
 A correct run that fails prints its seed and spec and saves the case under out_dir, with the options
 the trial ran with (p_bf16, nsplit, ...: `kdkit replay` cannot set them) in its meta["trial"], and
 prints the call that reproduces its numbers: `trials.check(load(FILE), "torch", p_bf16=..., nsplit=...)`. Each check is judged twice: with the backend's LSE,
-and on the output alone (kdkit.compare's stricter no-LSE rule), both against the float64 oracle.
+and on the output alone (kdkit.judge.compare's stricter no-LSE rule), both against the float64 oracle.
 """
 from __future__ import annotations
 
@@ -27,9 +27,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import backends, oracle, synth
+from .. import backends, synth
+from . import oracle
 from .compare import Verdict, judge, metrics
-from .mutants import MUTANTS
+from .wrong_kernels import MUTANTS
 
 TREES = ("ddtree", "chain", "eagle", "causal")
 HEADS = (1, 2, 8, 16, 64, 128)
@@ -83,7 +84,7 @@ def make(spec: dict):
     kw["index_dtype"] = getattr(torch, kw.get("index_dtype", "int32"))
     kw["mask_dtype"] = getattr(torch, kw.get("mask_dtype", "bool"))
     kw.setdefault("case_id", f"trial-seed{spec.get('seed', 0)}")
-    kw.setdefault("note", "random trial case (kdkit.trials): " + json.dumps(spec, sort_keys=True))
+    kw.setdefault("note", "random trial case (kdkit.judge.trials): " + json.dumps(spec, sort_keys=True))
     return synth.make_case(**kw)
 
 
@@ -157,7 +158,7 @@ def record_failure(case, seed, trial: Trial, out_dir) -> Path:
 
 def repro_call(path, trial: Trial) -> str:
     """The exact call that reruns a saved trial: `trials.check(load("PATH"), "torch", p_bf16=True, nsplit=3)`
-    (kdkit.trials and kdkit.case.load imported)."""
+    (kdkit.judge.trials and kdkit.case.load imported)."""
     args = "".join(f", {k}={v!r}" for k, v in sorted(trial.opts.items()))
     return f"trials.check(load({str(path)!r}), {trial.backend!r}{args})"
 
@@ -263,7 +264,7 @@ def _seeds(text: str) -> range:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kdkit.trials", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m kdkit.judge.trials", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("correct", help="correct random cases: no false alarm")
     c.add_argument("--backend", default="torch")
@@ -280,12 +281,13 @@ def main(argv=None) -> int:
     if args.cmd == "correct":
         return 1 if run_correct(args.backend, _seeds(args.seeds), args.out, spec_kw=BIG if args.big else None,
                                 max_seconds=args.max_seconds).failures else 0
-    from . import bundled, probes
-    from .case import load
+    from .. import bundled
+    from . import heavy_cases
+    from ..case import load
     cases = {Path(e["path"]).stem: load(bundled.DEFAULT_DIR / e["path"])
              for e in bundled.load_manifest()["cases"] if e["expected_replay"] == "pass"}
     if args.long:
-        cases.update({n: probes.make(n) for n in probes.names() if n not in probes.BUNDLED})
+        cases.update({n: heavy_cases.make(n) for n in heavy_cases.names() if n not in heavy_cases.BUNDLED})
     rows = mutant_rows(args.backend, cases)
     print(table(rows))
     return 1 if any(r.status != "caught" and r.status != "cannot act" for r in rows) else 0

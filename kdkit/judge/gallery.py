@@ -2,18 +2,19 @@
 judge, fixed, and replayed after the fix.
 
     marshaling(path)        a case file with one of the seed's marshaling bugs (data/.../failures/)
-    mutant(name, case)      one of kdkit.mutants' deliberately wrong builds, planted in the torch backend
+    mutant(name, case)      one of kdkit.judge.wrong_kernels' deliberately wrong builds, planted in the torch backend
     gallery(...)            all of them
 """
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 
 import torch
 
-from . import fixes, lint, replay, report
-from .case import Case, load
+from .. import lint, replay, report
+from . import fixes
+from .wrong_kernels import MUTANTS
+from ..case import Case, load
 
 BACKENDS = ["oracle", "torch"]
 
@@ -65,13 +66,13 @@ class Entry:
 
 
 def marshaling(path) -> Entry:
-    """A case with a marshaling bug: the lint names it, kdkit.fixes repairs it."""
+    """A case with a marshaling bug: the lint names it, kdkit.judge.fixes repairs it."""
     case = load(path)
     before = replay.replay(case, BACKENDS)
     errors = lint.errors(case)
     codes = [f.code for f in errors if f.code in fixes.FIXES]
     if not codes:
-        raise ValueError(f"{path}: the lint names no bug kdkit.fixes can repair "
+        raise ValueError(f"{path}: the lint names no bug kdkit.judge.fixes can repair "
                          f"(found: {', '.join(f.code for f in errors) or 'none'})")
     fixed = case
     for code in codes:
@@ -79,19 +80,8 @@ def marshaling(path) -> Entry:
     return Entry(name=codes[0], kind="marshaling", what=str(case.meta.get("note") or case.case_id),
                  case=case, before=before,
                  diagnosis=[f"{f.code} [{f.field}]: {f.message}" for f in errors] + [f"fix: {f.fix}" for f in errors],
-                 fix=f"kdkit.fixes.fix(case, {codes[0]!r}): " + " ".join(fixes.FIXES[codes[0]].__doc__.split()),
+                 fix=f"kdkit.judge.fixes.fix(case, {codes[0]!r}): " + " ".join(fixes.FIXES[codes[0]].__doc__.split()),
                  after=replay.replay(fixed, BACKENDS))
-
-
-def mutants() -> tuple[dict, str | None]:
-    """(name -> description, None), or ({}, why not) where this kdkit has no mutant registry yet."""
-    try:
-        mod = importlib.import_module(f"{__package__}.mutants")
-    except ModuleNotFoundError as e:
-        if e.name == f"{__package__}.mutants":
-            return {}, "kdkit.mutants is not in this kdkit yet: the gallery shows the marshaling bugs only"
-        raise
-    return dict(mod.MUTANTS), None
 
 
 def mutant(name: str, case: Case, description: str = "", after=None, findings=None, **torch_opts) -> Entry:
@@ -111,10 +101,7 @@ def gallery(failure_paths, mutant_case: Case | None = None, **torch_opts) -> tup
     """(entries, notes): every marshaling failure, then every mutant on mutant_case."""
     entries = [marshaling(p) for p in failure_paths]
     notes = []
-    reg, why = mutants()
-    if why:
-        notes.append(why)
-    elif mutant_case is not None:
+    if mutant_case is not None:
         findings = lint.check(mutant_case)
         after = replay.replay(mutant_case, BACKENDS, findings=findings, torch=dict(torch_opts))
         ok, line = report.outcome(after)
@@ -122,5 +109,5 @@ def gallery(failure_paths, mutant_case: Case | None = None, **torch_opts) -> tup
             opts = f" with {', '.join(f'{k}={v!r}' for k, v in torch_opts.items())}" if torch_opts else ""
             raise ValueError(f"mutant_case {mutant_case.case_id}: the correct build does not pass on it{opts} "
                              f"({line}); give a case (and options, e.g. a split count >= 1) the torch backend passes")
-        entries += [mutant(n, mutant_case, d, after=after, findings=findings, **torch_opts) for n, d in reg.items()]
+        entries += [mutant(n, mutant_case, d, after=after, findings=findings, **torch_opts) for n, d in MUTANTS.items()]
     return entries, notes

@@ -1,5 +1,6 @@
-"""`kdkit capture env` and `kdkit capture sitecustomize DIR` (kdkit/cli.py adds them as the
-`capture` subcommand: add_arguments, run). Imports neither torch nor SGLang."""
+"""`kdkit capture env` and `kdkit capture sitecustomize DIR`: the SGLang hook's settings and launch
+flags, and its installation where SGLang has no plugin system (kdkit.capture). Imports neither
+torch nor SGLang."""
 from __future__ import annotations
 
 import argparse
@@ -8,10 +9,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from . import sglang_api
-from .settings import MODES, SettingsError, from_env
-
-EXIT_OK, EXIT_PROBLEM, EXIT_BAD_INPUT = 0, 1, 2
+from ..capture import sglang_api
+from ..capture.settings import MODES, SettingsError, from_env
+from .common import EXIT_BAD_INPUT, EXIT_OK, EXIT_PROBLEM
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -90,7 +90,7 @@ def cmd_env(args) -> int:
         if why:
             print(f"# warning: KDKIT_DIR={s.dir.resolve()} {why}: no case would be written")
     if mode == "replace" or (mode == "validate" and s.kernel == "cuda"):
-        from .kernels import cuda_unavailable  # imports torch: only when the mode needs the kernel
+        from ..capture.kernels import cuda_unavailable  # imports torch: only when the mode needs the kernel
         why = cuda_unavailable()
         print(f"# kdkit's CUDA kernel {'is ready here' if why is None else 'cannot run here: ' + why}"
               + ("" if why is None else f" (SGLang would stop at start-up with KDKIT_MODE={mode})"))
@@ -113,7 +113,7 @@ def cmd_sitecustomize(args) -> int:
     """Write DIR/sitecustomize.py, which hooks SGLang in every process started with DIR on
     PYTHONPATH (for SGLang releases without the plugin system, <= 0.5.10), and print the
     PYTHONPATH line. Refuses to replace an existing file without --force."""
-    from . import installer
+    from ..capture import installer
     blocker = next((q for q in [Path(args.dir), *Path(args.dir).parents] if q.exists()), None)
     if blocker is not None and not blocker.is_dir():  # (publish's mkdir would say "exists")
         _err(f"{args.dir}: {blocker} is a file, not a directory; give the directory to write "

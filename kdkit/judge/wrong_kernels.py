@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .constants import KV_LORA_RANK, QK_DIM, QK_ROPE_HEAD_DIM, V_HEAD_DIM
+from ..constants import KV_LORA_RANK, QK_DIM, QK_ROPE_HEAD_DIM, V_HEAD_DIM
 
 
 @dataclass(frozen=True)
