@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import bench, capture, inspect, replay, report, synth
+from . import bench, capture, export, inspect, new_kernel, replay, report, synth
 from . import compile as compile_
 from .common import EXIT_BAD_INPUT, EXIT_OK, BadInput, err
 
@@ -29,7 +29,7 @@ from .common import EXIT_BAD_INPUT, EXIT_OK, BadInput, err
 # (name, add_arguments, handler); the first paragraph of the handler's docstring is its help
 COMMANDS: list[tuple] = [(name, mod.add_arguments, mod.run) for name, mod in (
     ("inspect", inspect), ("replay", replay), ("report", report), ("synth", synth), ("compile", compile_),
-    ("bench", bench), ("capture", capture))]
+    ("bench", bench), ("capture", capture), ("new-kernel", new_kernel), ("export", export))]
 
 
 class _Parser(argparse.ArgumentParser):

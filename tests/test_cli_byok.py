@@ -1,0 +1,44 @@
+"""The bring-your-own-kernel commands as a user meets them: `kdkit new-kernel` and `kdkit export`
+(exit codes, one-line refusals, nothing of the user's overwritten)."""
+from __future__ import annotations
+
+import json
+
+from conftest import DATA
+from kdkit.cli import main
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_new_kernel_writes_a_package_and_never_overwrites(tmp_path, capsys):
+    dest = tmp_path / "mine"
+    rc, out, _ = run(capsys, "new-kernel", dest, "--lang", "triton", "--name", "kd_mine_cli")
+    assert rc == 0 and "pip install -e" in out
+    kernel = dest / "kd_mine_cli" / "kernel.py"
+    assert kernel.is_file() and (dest / "pyproject.toml").is_file()
+    assert '"kdkit.backends"' in (dest / "pyproject.toml").read_text()
+    kernel.write_text("# my edits\n")
+    rc, _, err = run(capsys, "new-kernel", dest, "--lang", "triton", "--name", "kd_mine_cli")
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "not empty" in err
+    assert kernel.read_text() == "# my edits\n"
+
+
+def test_new_kernel_refuses_a_bad_name_in_one_line(tmp_path, capsys):
+    rc, _, err = run(capsys, "new-kernel", tmp_path / "x", "--lang", "cuda", "--name", "2bad")
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "--name" in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_export_writes_a_trace_folder_and_refuses_a_mis_marshaled_case(tmp_path, capsys):
+    out = tmp_path / "trace"
+    rc, text, _ = run(capsys, "export", "--flashinfer-trace", out, DATA / "seed-shape.pt")
+    assert rc == 0 and "1 case(s)" in text
+    (defn,) = (out / "definitions").rglob("*.json")
+    assert json.loads(defn.read_text())["name"] == defn.stem
+    rc, _, err = run(capsys, "export", "--flashinfer-trace", tmp_path / "t2", DATA / "failures")
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "mis-marshaled" in err
+    assert not (tmp_path / "t2").exists()
