@@ -259,7 +259,8 @@ def replay(case, backends: str | Iterable[str], against: str = "oracle", run_lin
         m = metrics(res.out, ref.out, res.lse, ref.lse, lse_cond=cond if against == "oracle" else None,
                     out_scale=scale)
         # the production path is not judged against its own error: its row uses the floor alone
-        v = judge(name, m, ref.out, None if name == prod_name else production, against=against)
+        v = judge(name, m, ref.out, None if name == prod_name else production, against=against,
+                  lse_abs_bound=res.info.get("lse_abs_bound"))
         rows.append(Row(name, "pass" if v.passed else "fail", v, secs, dict(res.info),
                         "" if v.passed else "; ".join(v.reasons)))
     return report(rows, prod_name if production is not None else None)

@@ -427,3 +427,25 @@ def test_a_reference_without_lse_is_named_as_the_one_without():
     assert not v.passed and "the reference (captured) carries no LSE" in v.reasons[-1]
     assert "no LSE from the reference" in v.rule
     assert metrics(a, b, None, lse).lse_missing == "the backend" and metrics(a, b, lse, lse).lse_missing == ""
+
+
+def test_a_stated_lse_precision_is_held_to_its_bound_and_tightens_the_output_rule():
+    """A backend whose LSE is only 2^-8 precise (FlashInfer sums bf16-rounded P) states so in
+    Result.info["lse_abs_bound"]: an LSE within it passes where the fp32 rule would fail, one past
+    it fails with the bound in the reason, and its output is held to the output-only limits."""
+    import torch
+
+    from kdkit.judge.compare import judge, metrics
+    torch.manual_seed(0)
+    ref = torch.randn(9, 8, 512, dtype=torch.float64)
+    ref_lse = torch.randn(9, 8, dtype=torch.float64) + 5.0
+    out = ref.to(torch.bfloat16).double()
+    near = ref_lse + 1e-3                                     # ~1000 fp32 units off: fails the fp32 rule
+    far = ref_lse + 2.0 ** -6
+    assert not judge("b", metrics(out, ref, near, ref_lse), ref).passed
+    v = judge("b", metrics(out, ref, near, ref_lse), ref, lse_abs_bound=2.0 ** -8)
+    assert v.passed and "stated" in v.reasons[0] and v.lse_limit is None
+    bad = judge("b", metrics(out, ref, far, ref_lse), ref, lse_abs_bound=2.0 ** -8)
+    assert not bad.passed and any("stated LSE precision" in r for r in bad.reasons)
+    no_lse = judge("b", metrics(out, ref), ref)
+    assert v.checks["ulp_row"][1] == no_lse.checks["ulp_row"][1]   # the output-only limits

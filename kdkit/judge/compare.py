@@ -315,7 +315,7 @@ def _lse_who(m: Metrics) -> str:
 
 
 def judge(backend: str, m: Metrics, ref_out=None, production: Metrics | None = None,
-          against: str = "oracle") -> Verdict:
+          against: str = "oracle", lse_abs_bound: float | None = None) -> Verdict:
     """Pass/fail of `backend` whose metrics against `against` are `m`; every check must hold.
 
     max_abs (FlashAttention's rule, design.md "Numerics"):
@@ -329,6 +329,10 @@ def judge(backend: str, m: Metrics, ref_out=None, production: Metrics | None = N
       the floors tighten (NO_LSE) and the verdict says so.
     lse: each row's LSE error in units of its fp32 error scale (lse_unit) <= LSE_ULPS, or 2 x the
       production path's + half that.
+    lse_abs_bound: a backend that states its LSE is only this precise (Result.info["lse_abs_bound"],
+      in nats, with its reason in the backend: FlashInfer sums bf16-rounded probabilities) is held
+      to max |dlse| <= that bound, and its output to the output-only rule (tighter limits), as if it
+      gave no LSE: its LSE cannot catch the bugs that move little probability.
     Against a bf16 reference instead of the oracle: 3x production + 2x floors (the reference's own
     error adds: |a-r| <= |a-o| + |r-o|). Any non-finite output where the reference is finite
     fails; a reference with non-finite entries fails (nothing can be judged against it).
@@ -370,7 +374,7 @@ def judge(backend: str, m: Metrics, ref_out=None, production: Metrics | None = N
         limit = floor
         how = f"{floor_txt}, no production path"
     rule = f"max_abs <= {how}"
-    no_lse = m.lse_max_abs is None
+    no_lse = m.lse_max_abs is None or lse_abs_bound is not None
 
     reasons: list[str] = []
     checks: dict[str, tuple[float, float]] = {}
@@ -416,7 +420,14 @@ def judge(backend: str, m: Metrics, ref_out=None, production: Metrics | None = N
     rule += f"; ulp_max/row/token/head/mean <= {', '.join(f'{checks[n][1]:.3g}' for n, *_ in ulp_checks if n in checks)}"
 
     lse_limit = None
-    if not no_lse:
+    if lse_abs_bound is not None and m.lse_max_abs is not None:
+        checks["lse_abs"] = (m.lse_max_abs, lse_abs_bound)
+        rule += f"; max |dlse| <= {lse_abs_bound:.2e} (the backend's stated LSE precision), output-only rule"
+        if not m.lse_max_abs <= lse_abs_bound:
+            lt, lh = m.lse_worst
+            reasons.append(f"lse: max |dlse| {m.lse_max_abs:.2e} > {lse_abs_bound:.2e}, the backend's stated LSE "
+                           f"precision; worst at token {lt} head {lh}")
+    elif not no_lse:
         lse_limit, txt = scaled(LSE_ULPS, production.lse_ulp_max if production is not None else None)
         checks["lse"] = (m.lse_ulp_max, lse_limit)
         rule += f"; lse <= {lse_limit:.3g} fp32 units"
@@ -434,10 +445,12 @@ def judge(backend: str, m: Metrics, ref_out=None, production: Metrics | None = N
         reasons.append(f"max_abs {m.max_abs:.2e} <= limit {limit:.2e}; worst check at "
                        f"{max(v / l if l > 0 else 0.0 for v, l in checks.values()):.2f} of its limit"
                        + (f"; LSE {m.lse_ulp_max:.3g} <= {lse_limit:.3g} fp32 units" if lse_limit is not None
+                          else f"; LSE within its stated {lse_abs_bound:.2e}, output judged on its own "
+                          "(tighter limits)" if "lse_abs" in checks
                           else f"; no LSE from {_lse_who(m)}: judged on the output alone "
                           "(tighter limits)")
                        + (f" ({m.empty_rows} rows that see nothing not compared)" if m.empty_rows else ""))
-    elif no_lse:
+    elif no_lse and "lse_abs" not in checks:
         if m.lse_missing == "the reference":
             reasons.append(f"the reference ({against}) carries no LSE: judged on the output alone (tighter "
                            "limits); judge against the oracle to check the LSE")

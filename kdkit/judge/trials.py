@@ -127,7 +127,8 @@ def check_result(backend: str, res, ref: Reference) -> Trial:
     with_lse = None
     if res.lse is not None:
         with_lse = judge(backend, metrics(res.out, ref.out, res.lse, ref.lse, lse_cond=ref.cond,
-                                          out_scale=ref.scale), ref.out)
+                                          out_scale=ref.scale), ref.out,
+                         lse_abs_bound=res.info.get("lse_abs_bound"))
     return Trial(backend, "", with_lse, judge(backend, metrics(res.out, ref.out, out_scale=ref.scale), ref.out),
                  dict(res.info))
 

@@ -66,7 +66,8 @@ class Reference:
             t = trials.check_result(name, res, ref)
             vs = [v for v in (t.with_lse, t.output_only) if v is not None]
         else:
-            vs = [compare.judge(name, compare.metrics(res.out, ref.out, res.lse, ref.lse), ref.out, against="torch")]
+            vs = [compare.judge(name, compare.metrics(res.out, ref.out, res.lse, ref.lse), ref.out, against="torch",
+                                lse_abs_bound=res.info.get("lse_abs_bound"))]
             if res.lse is not None:
                 vs.append(compare.judge(name, compare.metrics(res.out, ref.out), ref.out, against="torch"))
         bad = next((v for v in vs if not v.passed), None)
