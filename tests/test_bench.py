@@ -19,7 +19,8 @@ RESULTS = sorted(Path(bench.RESULTS).glob("*.json"))
 
 def test_grid_comes_from_shapes_json():
     quick = bench.grid(quick=True)
-    assert len(quick) == 9 and bench.Shape(1, 32768, 9, 8) in quick and bench.Shape(4, 8192, 257, 8) in quick
+    assert len(quick) == 18 and bench.Shape(1, 32768, 9, 8) in quick and bench.Shape(4, 8192, 257, 8) in quick
+    assert bench.Shape(4, 8192, 257, 16) in quick and bench.Shape(1, 32768, 64, 16) in quick  # H 16 joins
     full = bench.grid()
     assert set(quick) <= set(full)
     # issue 9's grid: bs 1, 8, 32 x prefix 21..128K x q_len 9, 64, 257 x H 8, 16, KV unbounded (bs 8 x
@@ -31,7 +32,7 @@ def test_grid_comes_from_shapes_json():
     assert left_out == {(8, 131072, 257, 16), (32, 32768, 257, 16), (32, 131072, 64, 16),
                         (32, 131072, 257, 8), (32, 131072, 257, 16)}
     assert all(b * q * h * (p + q) > 2.5e9 for b, p, q, h in left_out)
-    assert len(full) == 85 + 2  # and the issue's bs 32 x 4K and bs 4 x 8K q257
+    assert len(full) == 85 + 4  # and the issues' bs 32 x 4K and bs 4 x 8K q257, at H 8 and H 16
 
 
 def test_bytes_and_flops_of_a_shape():
