@@ -93,9 +93,9 @@ $(DEMO_STAMP): pyproject.toml Makefile
 $(TEST_STAMP): $(DEMO_STAMP)
 	$(call say,[1/2] installing the dev extra (pytest$(comma) JupyterLab$(comma) papermill$(comma) NVRTC))
 	$(PY) -m pip install -q --no-warn-conflicts -e '.[dev]'
-	# FlashInfer-Bench's schema classes for the FlashInfer Trace tests: --no-deps, because its wheel
-	# lists flashinfer-python and apache-tvm-ffi, which flashinfer_bench.data never imports (the dev
-	# extra brings what it does import: pydantic, safetensors, docstring-parser)
+# FlashInfer-Bench's schema classes for the FlashInfer Trace tests: --no-deps, because its wheel
+# lists flashinfer-python and apache-tvm-ffi, which flashinfer_bench.data never imports (the dev
+# extra brings what it does import: pydantic, safetensors, docstring-parser)
 	$(PY) -m pip install -q --no-warn-conflicts --no-deps flashinfer-bench==0.1.2
 	$(call say,[2/2] downloading SGLang $(SGLANG_LAYOUTS) wheels for the loader tests into .cache/wheels)
 	for v in $(SGLANG_LAYOUTS); do $(PY) -m pip download -q --no-deps -d .cache/wheels "sglang==$$v" || true; done
