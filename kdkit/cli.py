@@ -211,7 +211,8 @@ def _add_replay_common(p: argparse.ArgumentParser) -> None:
     from .backends import BACKENDS
     p.add_argument("cases", nargs="+", metavar="CASE", help="case files (.pt) and directories of them")
     p.add_argument("--backends", type=_backend_names, default="oracle,torch",
-                   help=f"comma list of {', '.join(BACKENDS)}; or 'all'")
+                   help=f"comma list of {', '.join(BACKENDS)}, installed backends (entry points "
+                        "kdkit.backends) and specs package.module:attr or path/to/file.py[:attr]; or 'all'")
     p.add_argument("--against", default="oracle", choices=list(BACKENDS),
                    help="the backend every backend is compared with")
     p.add_argument("--allow-skip", action="store_true",
@@ -691,6 +692,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._handler(args) or 0)
     except BadInput as e:
+        _err(str(e))
+        return EXIT_BAD_INPUT
+    except ValueError as e:  # a backend spec that does not resolve, met after the arguments were read
+        from .backends import BackendSpecError
+        if not isinstance(e, BackendSpecError):
+            raise
         _err(str(e))
         return EXIT_BAD_INPUT
     except BrokenPipeError:  # `kdkit inspect x.pt | head`

@@ -132,7 +132,7 @@ def replace_in_graph(spec: dict) -> dict:
                          "differs_from_triton": not bool(torch.equal(got, ref))})
     from kdkit.capture import plugin
     return {"rows": rows, "faults": {f"{k[0]}:{k[1]}": n for k, n in plugin._HOOK.faults.items()},
-            "plans_kept": len(plugin._HOOK.cuda._captured)}
+            "plans_kept": len(plugin._HOOK.live.pair._captured)}
 
 
 def main(spec: dict) -> dict:

@@ -305,4 +305,4 @@ def test_capture_env_names_the_installed_release_flags():
     assert "KDKIT_LAYERS=0-60:4" in r.stdout and f"# SGLang: {NEWEST}" in r.stdout
     launch = [ln for ln in r.stdout.splitlines() if ln.startswith("SGLANG_PLUGINS=kdkit KDKIT_MODE=validate ")]
     assert len(launch) == 1 and launch[0].endswith("--attention-backend triton --disable-decode-cuda-graph")
-    assert "# kdkit's CUDA kernel cannot run here: " in r.stdout  # validate's default KDKIT_KERNEL=cuda, on a CPU
+    assert "# cannot run here: KDKIT_MODE=validate needs kdkit's CUDA kernel: " in r.stdout  # validate's default KDKIT_KERNEL=cuda, on a CPU
