@@ -136,8 +136,8 @@ def _attr(module, attr: str | None, where: str):
     obj = module
     for part in attr.split("."):
         if not hasattr(obj, part):
-            found = [n for n, v in vars(module).items()
-                     if not n.startswith("_") and callable(getattr(v, "run", None)) and hasattr(v, "NAME")]
+            found = [n for n, v in vars(module).items() if not n.startswith("_") and not inspect.ismodule(v)
+                     and callable(getattr(v, "run", None)) and hasattr(v, "NAME")]
             hint = f" (backends in it: {', '.join(found)})" if found else ""
             raise BackendSpecError(f"{where}: no attribute {attr!r}{hint}")
         obj = getattr(obj, part)
