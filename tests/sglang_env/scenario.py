@@ -153,7 +153,7 @@ def main(spec: dict) -> dict:
     from kdkit.capture import plugin
     for i, s in enumerate(spec["steps"]):
         _inject(s.get("inject"))
-        if plugin._HOOK is not None and plugin._HOOK.live is not None and hasattr(plugin._HOOK.live.backend, "fault"):
+        if "user_fault" in s:
             plugin._HOOK.live.backend.fault = s.get("user_fault")
         st = harness.Step(s.get("layout", "eager"), seed=s.get("seed", i), mode=s.get("forward_mode", "TARGET_VERIFY"))
         for lid in [lid for _ in range(s.get("repeat", 1)) for lid in s.get("layers", [0, 1])]:
