@@ -214,7 +214,7 @@ def test_a_file_that_does_not_meet_the_contract_is_one_line(tmp_path, capsys, bo
 
 
 @pytest.mark.parametrize("spec, line", [
-    ("nope", "unknown backend 'nope'; choose from oracle, torch, triton_sglang, cuda, captured or 'all', or give "
+    ("nope", "unknown backend(s) nope; choose from oracle, torch, triton_sglang, cuda, captured or 'all', or give "
              "a spec (package.module:attr, path/to/file.py[:attr])"),
     ("kdkit_no_such_pkg.mod:backend", "kdkit_no_such_pkg.mod:backend: cannot import (ModuleNotFoundError: No module "
                                       "named 'kdkit_no_such_pkg')"),

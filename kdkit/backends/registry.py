@@ -256,7 +256,7 @@ def load(spec: str) -> str:
         if spec in eps:
             return _load_entry_point(eps[spec])
         choose = ", ".join([*BACKENDS, *(n for n in eps if n not in BACKENDS)])
-        raise BackendSpecError(f"unknown backend {spec!r}; choose from {choose} or 'all', or give a spec "
+        raise BackendSpecError(f"unknown backend(s) {spec}; choose from {choose} or 'all', or give a spec "
                                "(package.module:attr, path/to/file.py[:attr])")
     m = FILE_RE.fullmatch(spec)
     if m:
