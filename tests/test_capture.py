@@ -313,7 +313,7 @@ def test_capture_env_and_launch_flags(monkeypatch):
     r = _kdkit("capture", "env", "--mode", "replace", env=_clean_env())
     assert r.returncode == 0
     if not torch.cuda.is_available():
-        assert "# kdkit's CUDA kernel cannot run here: no CUDA GPU" in r.stdout
+        assert "# cannot run here: KDKIT_MODE=replace needs kdkit's CUDA kernel: no CUDA GPU" in r.stdout
     r = _kdkit("capture", "env", env=_clean_env(KDKIT_EVERY="0"))
     assert r.returncode == 2 and r.stderr.strip() == ("kdkit: KDKIT_EVERY='0': want an integer >= 1 (the server "
                                                       "would stop at start-up with this line)")
@@ -537,4 +537,4 @@ def test_a_backend_without_the_kernel_attribute_is_served_by_sglang(tmp_path, mo
 def test_capture_env_checks_the_settings_with_the_mode_it_prints():
     """`capture env --mode replace` with KDKIT_KERNEL=torch printed a line the server refuses."""
     r = _kdkit("capture", "env", "--mode", "replace", env=_clean_env(KDKIT_KERNEL="torch"))
-    assert r.returncode == 2 and r.stderr.startswith("kdkit: KDKIT_KERNEL='torch': replace serves kdkit's CUDA kernel only")
+    assert r.returncode == 2 and r.stderr.startswith("kdkit: KDKIT_KERNEL='torch': replace needs a kernel with the live pair")

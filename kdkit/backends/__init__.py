@@ -31,27 +31,20 @@ Time backends through `prepare(name, case, **opts)`: options and availability ar
 
 Call backends through `run(name, case, **opts)`: unknown options are refused here, the same way
 for every backend, before anything runs; an unavailable backend raises BackendUnavailable.
-`resolve("all" | "a,b" | [names])` turns a --backends value into names, for the CLI and notebooks.
+`resolve("all" | "a,b" | [names])` turns a --backends value into names, for the CLI and notebooks;
+names and specs (an installed entry point, package.module:attr, path/to/file.py[:attr]) and
+`register(name, obj)` are kdkit.backends.registry's.
 """
 from __future__ import annotations
 
-import importlib
 import inspect
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import torch
 
-# name -> module; the order is the order `replay` prints them in
-BACKENDS = {
-    "oracle": "kdkit.backends.oracle",
-    "torch": "kdkit.backends.torch_ref",
-    "triton_sglang": "kdkit.backends.triton_sglang",
-    "triton_decode": "kdkit.backends.triton_decode",
-    "cuda": "kdkit.backends.cuda",
-    "captured": "kdkit.backends.captured",
-    "flashinfer_mla": "kdkit.backends.flashinfer_mla",
-}
+from . import registry
+from .registry import BACKENDS, BackendSpecError, register, unregister
 
 
 @dataclass
@@ -82,25 +75,16 @@ class BackendUnavailable(RuntimeError):
 
 
 def get(name: str):
-    if name not in BACKENDS:
-        raise KeyError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
-    return importlib.import_module(BACKENDS[name])
+    """The backend registered as `name` (or the one a spec names): BackendSpecError if none."""
+    return registry.get(name)
 
 
 def resolve(spec: str | Iterable[str]) -> list[str]:
-    """Backend names from a --backends value: "all" (every registered backend; those that cannot
-    run here become skipped rows with their reason), "oracle,torch", or a list of names.
-    Duplicates are dropped, order kept; an unknown or empty selection raises ValueError."""
-    if isinstance(spec, str):
-        if spec.strip() == "all":
-            return list(BACKENDS)
-        spec = spec.split(",")
-    names = list(dict.fromkeys(s.strip() for s in spec if s and s.strip()))
-    unknown = [n for n in names if n not in BACKENDS]
-    if unknown or not names:
-        raise ValueError(f"unknown backend(s) {', '.join(unknown) or '(none given)'}; choose from "
-                         f"{', '.join(BACKENDS)} or 'all'")
-    return names
+    """Backend names from a --backends value: "all" (every registered and installed backend; those
+    that cannot run here become skipped rows with their reason), "oracle,torch,mine.py:backend", or
+    a list of names and specs. Duplicates are dropped, order kept; BackendSpecError (a ValueError)
+    in one line for an unknown name, a spec that does not resolve, or an empty selection."""
+    return registry.resolve(spec)
 
 
 def options(name: str) -> dict:
@@ -125,6 +109,8 @@ def unavailable(name: str, case=None) -> str | None:
         mod = get(name)
     except ImportError as e:
         return f"{name}: cannot import ({e})"
+    except registry.BackendSpecError as e:  # an installed backend listed by 'all' that does not load
+        return f"{name}: {e}"
     return mod.unavailable(case)
 
 
@@ -133,7 +119,7 @@ def label(name: str) -> str:
     backend of this kdkit (a results file from another checkout)."""
     try:
         mod = get(name)
-    except (KeyError, ImportError):
+    except (KeyError, ImportError, registry.BackendSpecError):
         return name
     return str(getattr(mod, "LABEL", mod.NAME))
 
@@ -145,7 +131,10 @@ def benched() -> list[str]:
 
 
 def needs_clean_case(name: str) -> bool:
-    return bool(getattr(get(name), "LINT_CLEAN", False))
+    try:
+        return bool(getattr(get(name), "LINT_CLEAN", False))
+    except registry.BackendSpecError:  # an installed backend that does not load: its run says so
+        return False
 
 
 def run(name: str, case, **opts) -> Result:
@@ -191,5 +180,6 @@ def prepare(name: str, case, **opts) -> Prepared:
     return Prepared(p.launch, lambda: _said_what_ran(name, result()), p.graph_safe, p.info)
 
 
-__all__ = ["BACKENDS", "Result", "Prepared", "BackendUnavailable", "get", "resolve", "options", "check_options",
-           "unavailable", "label", "benched", "needs_clean_case", "run", "prepare"]
+__all__ = ["BACKENDS", "Result", "Prepared", "BackendUnavailable", "BackendSpecError", "get", "resolve",
+           "register", "unregister", "options", "check_options", "unavailable", "label", "benched",
+           "needs_clean_case", "run", "prepare"]

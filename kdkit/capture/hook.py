@@ -6,9 +6,11 @@ does everything it always does (writes this step's K into the pool, allocates th
 the metadata) and calls the tap with the kernel's exact arguments:
 
   capture   the real kernel runs, then its inputs and output are snapshotted for a case file;
-  validate  the real kernel runs, then kdkit's kernel on the same arguments; the seed's line is
-            logged and the case written when rel exceeds KDKIT_REL_THRESHOLD;
-  replace   kdkit's kernel writes the output instead (the real kernel runs only if kdkit's refuses).
+  validate  the real kernel runs, then KDKIT_KERNEL's (kdkit.capture.live) on the same arguments;
+            the seed's line is logged and the case written when rel exceeds KDKIT_REL_THRESHOLD,
+            or when that kernel raises or returns what cannot stand beside the real output;
+  replace   KDKIT_KERNEL's live pair writes the output instead (the real kernel runs only if it
+            refuses or raises).
 
 The server is never hurt: during CUDA-graph capture (and its warm-up passes) capture and validate
 pass straight through and say once why; anything kdkit raises is logged once per kind and the
@@ -24,9 +26,11 @@ import weakref
 
 import torch
 
+from .. import backends as backends_mod
 from .. import case as case_mod
 from ..judge import compare
-from . import kernels, record, sglang_api
+from . import live as live_mod
+from . import record, sglang_api
 from .settings import Settings
 from .store import Store, Writer
 
@@ -71,15 +75,16 @@ def _arg(args, kwargs, name):
 
 
 class Hook:
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, live: live_mod.Live | None = None):
         _setup_logging()
         self.s = settings
         self.say = Once()
         self.store = Store(settings.dir, settings.max_cases, settings.max_bytes, self.say,
                            min_free=settings.min_free) if settings.writes else None
         self.writer = Writer(self.store, self._build, self._fault) if self.store else None
-        self.cuda = kernels.CudaKernel() if settings.mode == "replace" or \
-            (settings.mode == "validate" and settings.kernel == "cuda") else None
+        # what validate and replace run (resolved and checked at plugin start: plugin.kernel_or_stop)
+        self.live = live if live is not None or settings.mode not in ("validate", "replace") else \
+            live_mod.load(settings.kernel, settings.mode)
         self.step = -1
         self._batch = None          # weakref of the last forward batch counted as a step
         self._last_layer = -1       # the layer of the last selected call
@@ -213,7 +218,7 @@ class Hook:
             return real(*a, **kw)
         if c.mode == "replace":
             try:
-                self.cuda.run(kc, self._max_kv_len(backend, c, kc), c.capturing, out=kc.o)
+                self.live.pair.run(kc, self._max_kv_len(backend, c, kc), c.capturing, out=kc.o)
                 return None
             except record.Unsupported as e:
                 self.say(("unsupported", str(e)[:48]), f"[kdkit] layer {c.layer}: {e}; Triton serves it")
@@ -279,27 +284,54 @@ class Hook:
 
     def _validate(self, c: _Call, kc: record.KernelCall, backend) -> None:
         T, H = kc.q.shape[0], kc.num_heads
-        snap = None
-        if self.s.kernel == "cuda":
-            out = self.cuda.run(kc, self._max_kv_len(backend, c, kc), capturing=False)
-        else:
+        ref = kc.o.reshape(T, H, -1)
+        snap = case = None
+        if self.live.pair is None:  # run(case) on the call's case (kdkit's part: its faults are kdkit's)
             snap = self._snapshot(c, kc, "")
-            out = kernels.torch_reference(record.build_case(snap))
+            case = record.build_case(snap)
+        try:
+            if case is not None:
+                out = backends_mod.run(self.live.name, case).out
+            else:  # into NaN: a kernel that leaves part of its output unwritten shows
+                out = torch.full(ref.shape, float("nan"), dtype=ref.dtype, device=ref.device)
+                out = self.live.pair.run(kc, self._max_kv_len(backend, c, kc), capturing=False, out=out)
+            fault = live_mod.fault_in(out, ref)
+        except record.Unsupported:
+            raise
+        except backends_mod.BackendUnavailable as e:  # the backend says it cannot run this case
+            raise record.Unsupported(str(e)) from None
+        except Exception as e:  # the kernel's own fault: the server has Triton's output regardless
+            fault = type(e).__name__, f"raised {type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"
+        if fault is not None:
+            self._kernel_fault(c, kc, snap, *fault)
+            return
         # float64 on the host, the same numbers `kdkit replay` prints (one sync: validate is a
         # debugging mode, it reads three numbers per selected call)
-        m = compare.metrics(out, kc.o.reshape(T, H, -1))
+        m = compare.metrics(out, ref)
         label = f"L{c.layer} r{self.rank} s{c.step}"
         log.info(compare.seed_line(label, m))
-        failed = not (m.rel <= self.s.rel_threshold)  # NaN/inf fail too
-        if failed and self.store is not None and not self.store.stopped and (snap is not None or self._room()):
-            note = (f"kdkit validate: KDKIT_KERNEL={self.s.kernel} against the live Triton output: "
-                    f"max_abs_diff={m.max_abs:.4e} mean={m.mean_abs:.4e} rel={m.rel:.4e} "
-                    f"(threshold {self.s.rel_threshold:g})")
-            if snap is None:
-                snap = self._snapshot(c, kc, note)
-            else:
-                snap.meta["note"] = note
-            self._submit(snap)
+        if not (m.rel <= self.s.rel_threshold):  # NaN/inf fail too
+            self._write_failure(c, kc, snap, f"kdkit validate: KDKIT_KERNEL={self.s.kernel} against the live "
+                                f"Triton output: max_abs_diff={m.max_abs:.4e} mean={m.mean_abs:.4e} "
+                                f"rel={m.rel:.4e} (threshold {self.s.rel_threshold:g})")
+
+    def _kernel_fault(self, c: _Call, kc: record.KernelCall, snap, kind: str, what: str) -> None:
+        """KDKIT_KERNEL raised or returned what cannot be compared: counted, said once per kind,
+        and the case written (it replays offline: `kdkit replay CASE --backends SPEC`)."""
+        key = ("validate", kind)
+        self.faults[key] = self.faults.get(key, 0) + 1
+        self.say(("fault",) + key, f"[kdkit] r{self.rank}: validate failed: KDKIT_KERNEL={self.s.kernel} {what} "
+                 f"(L{c.layer} s{c.step}); the real output was returned and the case written (said once per kind)")
+        self._write_failure(c, kc, snap, f"kdkit validate: KDKIT_KERNEL={self.s.kernel} {what}")
+
+    def _write_failure(self, c: _Call, kc: record.KernelCall, snap, note: str) -> None:
+        if self.store is None or self.store.stopped or (snap is None and not self._room()):
+            return
+        if snap is None:
+            snap = self._snapshot(c, kc, note)
+        else:
+            snap.meta["note"] = note
+        self._submit(snap)
 
     def _build(self, snap: record.Snapshot):
         case = record.build_case(snap)

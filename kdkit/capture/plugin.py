@@ -20,6 +20,7 @@ from . import sglang_api
 from .settings import Settings, SettingsError, from_env
 
 _HOOK = None  # the process's Hook, once registered
+_LIVE = None  # the process's KDKIT_KERNEL, resolved and checked once (kdkit.capture.live.Live)
 
 
 class StartupError(SystemExit):
@@ -36,13 +37,25 @@ def settings_or_stop(env=None) -> Settings:
         raise StartupError(str(e)) from None
     except Exception as e:  # a setting no check foresaw: still a stop, never a server without kdkit
         raise StartupError(f"reading the KDKIT_* settings failed: {type(e).__name__}: {e}") from None
-    if s.mode == "replace" or (s.mode == "validate" and s.kernel == "cuda"):
-        from .kernels import cuda_unavailable
-        why = cuda_unavailable()
-        if why:
-            extra = " (KDKIT_KERNEL=torch validates with kdkit's PyTorch reference instead)" if s.mode == "validate" else ""
-            raise StartupError(f"KDKIT_MODE={s.mode} needs kdkit's CUDA kernel: {why}{extra}")
+    kernel_or_stop(s)
     return s
+
+
+def kernel_or_stop(s: Settings):
+    """KDKIT_KERNEL resolved in this process and checked (the contract, the pair replace needs,
+    that it can run here) before anything launches: a kdkit.capture.live.Live, None for capture."""
+    global _LIVE
+    if s.mode not in ("validate", "replace"):
+        return None
+    if _LIVE is None or (_LIVE.spec, _LIVE.mode) != (s.kernel, s.mode):
+        from . import live
+        try:
+            _LIVE = live.load(s.kernel, s.mode)
+        except live.LiveError as e:
+            raise StartupError(str(e)) from None
+        except Exception as e:  # whatever the user's module does on import: a stop, in one line
+            raise StartupError(f"KDKIT_KERNEL={s.kernel!r}: {type(e).__name__}: {e}".splitlines()[0]) from None
+    return _LIVE
 
 
 def make_hook(settings: Settings):
@@ -50,11 +63,12 @@ def make_hook(settings: Settings):
     global _HOOK
     if _HOOK is None:
         from .hook import Hook
-        _HOOK = Hook(settings)
+        _HOOK = Hook(settings, kernel_or_stop(settings))
         if _HOOK.store is not None:
             _HOOK.store.prepare()
         from .hook import log
-        log.info(f"[kdkit] {settings.mode} on {sglang_api.TARGET} (layers {settings.layers.text}, "
+        kernel = f" with KDKIT_KERNEL={settings.kernel}" if _HOOK.live is not None else ""
+        log.info(f"[kdkit] {settings.mode}{kernel} on {sglang_api.TARGET} (layers {settings.layers.text}, "
                  f"forward modes {','.join(settings.forward_modes)}, dir {settings.dir})")
     return _HOOK
 

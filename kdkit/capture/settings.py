@@ -13,9 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 MODES = ("capture", "validate", "replace")
-# kdkit's kernel (cuda, the production candidate) or the eager PyTorch reference (torch: runs on
-# any device; lets validate check SGLang's Triton output on a machine without kdkit's kernel)
+# The built-in backends KDKIT_KERNEL may name: kdkit's kernel (cuda, the production candidate) or
+# the eager PyTorch reference (torch: runs on any device; lets validate check SGLang's Triton output
+# on a machine without kdkit's kernel). Beside them: an installed backend (an entry point of this
+# group: kdkit.backends.registry.GROUP, not imported here because it imports torch) or a spec
+# (package.module:attr, path/to/file.py[:attr]), resolved and checked at plugin start (kdkit.capture.live).
 KERNELS = ("cuda", "torch")
+BACKEND_GROUP = "kdkit.backends"
 # ForwardMode names of SGLang 0.5.11..0.5.23 (DRAFT_EXTEND was dropped after 0.5.11)
 FORWARD_MODES = ("extend", "decode", "mixed", "idle", "target_verify", "draft_extend",
                  "draft_extend_v2", "prebuilt", "split_prefill", "dllm_extend")
@@ -179,7 +183,8 @@ class Settings:
             f"KDKIT_MAX_BYTES={size(self.max_bytes)}  # stop writing before the folder's case files pass this",
             f"KDKIT_MIN_FREE={self.min_free}  # stop writing when the folder's disk has less free than this",
             f"KDKIT_REL_THRESHOLD={self.rel_threshold:g}  # validate writes the case when rel exceeds it",
-            f"KDKIT_KERNEL={self.kernel}  # what validate/replace run: cuda (kdkit's kernel) or torch (reference)",
+            f"KDKIT_KERNEL={self.kernel}  # what validate/replace run: cuda (kdkit's kernel), torch (reference), "
+            "an installed backend, package.module:attr or path/to/file.py[:attr]",
             f"KDKIT_MODEL={self.model or ''}  # model name in file names (default: from the server args)",
         ]
 
@@ -201,7 +206,7 @@ class Settings:
             v = getattr(self, name)
             if v != getattr(d, name):
                 out.append((var, "none" if v is None else repr(v) if isinstance(v, float) else str(v)))
-        return out
+        return [(var, _absolute_file_spec(v) if var == "KDKIT_KERNEL" else v) for var, v in out]
 
 
 def check_names(env) -> None:
@@ -214,6 +219,27 @@ def check_names(env) -> None:
         if near:
             raise SettingsError(name, env[name], f"not a kdkit setting: did you mean KDKIT_{near[0]}? "
                                 "(`kdkit capture env` lists the settings)")
+
+
+def _kernel(text: str) -> str:
+    """KDKIT_KERNEL: a built-in name (any case), an installed backend's name, or a spec (kept as
+    written: a path's case matters). Whether a spec resolves is the plugin's check at start-up."""
+    t = text.strip()
+    if t.lower() in KERNELS or not t:
+        return t.lower() or "cuda"
+    if re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", t):  # a name, not a spec: an installed backend's
+        from importlib.metadata import entry_points
+        installed = sorted({ep.name for ep in entry_points(group=BACKEND_GROUP)})
+        if t not in installed:
+            raise SettingsError("KDKIT_KERNEL", text, f"not a backend here: choose {', '.join(KERNELS + tuple(installed))}, "
+                                "or give a spec: package.module:attr or path/to/file.py[:attr]")
+    return t
+
+
+def _absolute_file_spec(spec: str) -> str:
+    """A file spec with its path made absolute (a server's workers may start elsewhere)."""
+    m = re.fullmatch(r"(.+\.py)(:[A-Za-z_][\w.]*)?", spec)
+    return f"{Path(m[1]).expanduser().resolve()}{m[2] or ''}" if m else spec
 
 
 def from_env(env=None) -> Settings:
@@ -243,12 +269,11 @@ def from_env(env=None) -> Settings:
         rel = -1.0
     if not (math.isfinite(rel) and rel >= 0):
         raise SettingsError("KDKIT_REL_THRESHOLD", rel_text, "want a number >= 0, e.g. 0.02")
-    kernel = env.get("KDKIT_KERNEL", "").strip().lower() or "cuda"
-    if kernel not in KERNELS:
-        raise SettingsError("KDKIT_KERNEL", env["KDKIT_KERNEL"], f"choose one of {', '.join(KERNELS)}")
-    if mode == "replace" and kernel != "cuda":
-        raise SettingsError("KDKIT_KERNEL", kernel, "replace serves kdkit's CUDA kernel only (the torch "
-                            "reference syncs with the host and cannot run inside CUDA graphs); unset it")
+    kernel = _kernel(env.get("KDKIT_KERNEL", ""))
+    if mode == "replace" and kernel == "torch":
+        raise SettingsError("KDKIT_KERNEL", kernel, "replace needs a kernel with the live pair plan(batch) and "
+                            "launch(...) that CUDA graphs replay (kdkit's cuda, or yours); the torch reference "
+                            "has run(case) only and syncs with the host")
     dir_text = env.get("KDKIT_DIR", "").strip()
     model = env.get("KDKIT_MODEL", "").strip() or None
     if model is not None and not re.fullmatch(r"[A-Za-z0-9._+/-]+", model):

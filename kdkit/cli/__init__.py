@@ -84,6 +84,12 @@ def main(argv: list[str] | None = None) -> int:
     except BadInput as e:
         err(str(e))
         return EXIT_BAD_INPUT
+    except ValueError as e:  # a backend spec that does not resolve, met after the arguments were read
+        from ..backends import BackendSpecError
+        if not isinstance(e, BackendSpecError):
+            raise
+        err(str(e))
+        return EXIT_BAD_INPUT
     except BrokenPipeError:  # `kdkit inspect x.pt | head`
         return EXIT_OK
     except OSError as e:  # a path the system refuses to look at (a name too long, no permission)

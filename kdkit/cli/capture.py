@@ -89,11 +89,14 @@ def cmd_env(args) -> int:
         why = unwritable(s.dir)
         if why:
             print(f"# warning: KDKIT_DIR={s.dir.resolve()} {why}: no case would be written")
-    if mode == "replace" or (mode == "validate" and s.kernel == "cuda"):
-        from ..capture.kernels import cuda_unavailable  # imports torch: only when the mode needs the kernel
-        why = cuda_unavailable()
-        print(f"# kdkit's CUDA kernel {'is ready here' if why is None else 'cannot run here: ' + why}"
-              + ("" if why is None else f" (SGLang would stop at start-up with KDKIT_MODE={mode})"))
+    if mode in ("validate", "replace"):
+        from ..capture import live  # imports torch: only when the mode runs a kernel
+        try:
+            k = live.load(s.kernel, mode)
+            print(f"# KDKIT_KERNEL={s.kernel} is ready here ({k.name}, "
+                  f"{'its live pair' if k.pair is not None else 'run(case)'})")
+        except live.LiveError as e:
+            print(f"# cannot run here: {e} (SGLang would stop at start-up with this line)")
     return EXIT_OK
 
 

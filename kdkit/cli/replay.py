@@ -57,7 +57,8 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
     from ..backends import BACKENDS
     p.add_argument("cases", nargs="+", metavar="CASE", help="case files (.pt) and directories of them")
     p.add_argument("--backends", type=backend_names, default="oracle,torch",
-                   help=f"comma list of {', '.join(BACKENDS)}; or 'all'")
+                   help=f"comma list of {', '.join(BACKENDS)}, installed backends (entry points "
+                        "kdkit.backends) and specs package.module:attr or path/to/file.py[:attr]; or 'all'")
     p.add_argument("--against", default="oracle", choices=list(BACKENDS),
                    help="the backend every backend is compared with")
     p.add_argument("--allow-skip", action="store_true",

@@ -3,12 +3,15 @@ as a fresh process (python scenario.py SPEC_JSON), like SGLang's spawned TP work
 
 SPEC: {"rank": 0, "world": 1, "steps": [{"layout": "eager"|"graph", "layers": [0, 1],
         "forward_mode": "TARGET_VERIFY", "graph_capture": false, "breakable": false, "repeat": 1,
-        "inject": null|"raise"|"perturb"|"efbig", "seed": 0}, ...]}
+        "inject": null|"raise"|"perturb"|"efbig", "user_fault": null|"raise"|..., "seed": 0}, ...]}
+"user_fault" plants one of tests/sglang_env/user_kernels.py's FAULTS in the KDKIT_KERNEL backend
+(one of that file's) for the step; "inject" faults kdkit's own validate path.
 "breakable" runs the step inside SGLang's breakable-CUDA-graph flag (>= 0.5.15: its replays call
 attention eagerly on the real batch; with "graph_capture" too, its capture pass); "repeat" runs the
 step's forward passes N times on the one batch object, as a graph's replays reuse a static batch.
 The KDKIT_* settings and SGLANG_PLUGINS come from the environment. Prints one line
-`RESULT {json}` with, per call, whether the output equals the unhooked forward_extend's bitwise.
+`RESULT {json}` with, per call, whether the output equals the unhooked forward_extend's bitwise
+and its rel against it.
 """
 from __future__ import annotations
 
@@ -35,12 +38,13 @@ def _inject(kind):
     the OS enforces on every file this process writes from then on ("efbig": RLIMIT_FSIZE, so
     writing a case file fails in the OS write with EFBIG, as a full disk fails with ENOSPC);
     None puts the real functions back (the size limit stays: the writer thread writes later)."""
+    from kdkit.backends import torch_ref
     from kdkit.capture import kernels
-    real_ref = getattr(kernels, "_real_torch_reference", kernels.torch_reference)
-    kernels._real_torch_reference = real_ref
+    real_ref = getattr(torch_ref, "_real_run", torch_ref.run)
+    torch_ref._real_run = real_ref
     real_run = getattr(kernels.CudaKernel, "_real_run", kernels.CudaKernel.run)
     kernels.CudaKernel._real_run = real_run
-    kernels.torch_reference = real_ref
+    torch_ref.run = real_ref
     kernels.CudaKernel.run = real_run
     if kind == "cuda-raise":
         def broken_run(self, *a, **k):
@@ -53,12 +57,13 @@ def _inject(kind):
     if kind == "raise":
         def broken(case):
             raise RuntimeError("injected fault in kdkit's kernel")
-        kernels.torch_reference = broken
+        torch_ref.run = broken
     elif kind == "perturb":
         def wrong(case):
-            out = real_ref(case)
-            return out * 1.5  # a kernel with a wrong scale: rel 0.5
-        kernels.torch_reference = wrong
+            res = real_ref(case)
+            res.out = res.out * 1.5  # a kernel with a wrong scale: rel 0.5
+            return res
+        torch_ref.run = wrong
     elif kind == "efbig":
         import resource
         import signal
@@ -132,7 +137,7 @@ def replace_in_graph(spec: dict) -> dict:
                          "differs_from_triton": not bool(torch.equal(got, ref))})
     from kdkit.capture import plugin
     return {"rows": rows, "faults": {f"{k[0]}:{k[1]}": n for k, n in plugin._HOOK.faults.items()},
-            "plans_kept": len(plugin._HOOK.cuda._captured)}
+            "plans_kept": len(plugin._HOOK.live.pair._captured)}
 
 
 def main(spec: dict) -> dict:
@@ -144,8 +149,12 @@ def main(spec: dict) -> dict:
     hooked = hasattr(harness.sglang()["tb"].TritonAttnBackend.forward_extend, "__wrapped__")
     plain = harness.unhooked_forward_extend()
     calls = []
+    from kdkit import compare
+    from kdkit.capture import plugin
     for i, s in enumerate(spec["steps"]):
         _inject(s.get("inject"))
+        if "user_fault" in s:
+            plugin._HOOK.live.backend.fault = s.get("user_fault")
         st = harness.Step(s.get("layout", "eager"), seed=s.get("seed", i), mode=s.get("forward_mode", "TARGET_VERIFY"))
         for lid in [lid for _ in range(s.get("repeat", 1)) for lid in s.get("layers", [0, 1])]:
             # the unhooked call first: the first Triton launch of a specialisation compiles and
@@ -165,17 +174,19 @@ def main(spec: dict) -> dict:
                     from sglang.srt.model_executor.runner_utils.capture_mode import model_capture_mode
                     scope.enter_context(model_capture_mode())
                 out = st.forward(lid)
+            T = q.shape[0]
             calls.append({"step": i, "layer": lid, "equal": bool(torch.equal(out.clone(), ref)),
+                          "rel": compare.metrics(out.view(T, st.heads, -1), ref.view(T, st.heads, -1)).rel,
                           "syncs": [len(hooked_syncs), len(plain_syncs)],
                           "sync_what": hooked_syncs[:3]})
-    from kdkit.capture import plugin
     if plugin._HOOK is not None:
         plugin._HOOK.close()
     h = plugin._HOOK
     return {"hooked": hooked, "calls": calls,
             "written": [str(p) for p in (h.store.written if h and h.store else [])],
             "stopped": h.store.stopped if h and h.store else None,
-            "faults": {f"{k[0]}:{k[1]}": n for k, n in (h.faults.items() if h else [])}}
+            "faults": {f"{k[0]}:{k[1]}": n for k, n in (h.faults.items() if h else [])},
+            "plans_kept": len(h.live.pair._captured) if h and h.live and h.live.pair is not None else None}
 
 
 def spawn_entry(spec: dict, env: dict, out_path: str) -> None:

@@ -176,10 +176,12 @@ def test_validate_logs_each_call_and_writes_the_failures(tmp_path):
                                                ["L1", "r0", "s1"], ["L0", "r0", "s3"], ["L1", "r0", "s3"]], lines
     rels = [float(ln.rsplit("rel=", 1)[1]) for ln in seed]
     assert max(rels[:4]) < 0.02 and min(rels[4:]) > 0.4, rels  # torch reference vs Triton; then the wrong scale
-    faults = [ln for ln in lines if "validate failed: RuntimeError: injected fault" in ln]
+    faults = [ln for ln in lines if "validate failed: KDKIT_KERNEL=torch raised RuntimeError: injected fault" in ln]
     assert len(faults) == 1, lines  # two layers failed, said once
     assert res["faults"] == {"validate:RuntimeError": 2}
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["model-L0-r0-s3.pt", "model-L1-r0-s3.pt"]
+    # the kernel's fault and its wrong output are both written, to be replayed offline
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model-L0-r0-s2.pt", "model-L0-r0-s3.pt",
+                                                          "model-L1-r0-s2.pt", "model-L1-r0-s3.pt"]
     from kdkit import case as case_mod
     c = case_mod.load(tmp_path / "model-L0-r0-s3.pt")
     assert "rel=5.00" in c.meta["note"] and "KDKIT_KERNEL=torch" in c.meta["note"]
@@ -305,4 +307,93 @@ def test_capture_env_names_the_installed_release_flags():
     assert "KDKIT_LAYERS=0-60:4" in r.stdout and f"# SGLang: {NEWEST}" in r.stdout
     launch = [ln for ln in r.stdout.splitlines() if ln.startswith("SGLANG_PLUGINS=kdkit KDKIT_MODE=validate ")]
     assert len(launch) == 1 and launch[0].endswith("--attention-backend triton --disable-decode-cuda-graph")
-    assert "# kdkit's CUDA kernel cannot run here: " in r.stdout  # validate's default KDKIT_KERNEL=cuda, on a CPU
+    assert "# cannot run here: KDKIT_MODE=validate needs kdkit's CUDA kernel: " in r.stdout  # validate's default KDKIT_KERNEL=cuda, on a CPU
+
+
+# ---- a user's kernel, named by file spec (KDKIT_KERNEL=path/to/file.py:attr) ---------------------
+USER = HERE / "user_kernels.py"
+FAULT_KINDS = {"raise": "RuntimeError", "shape": "wrong shape", "nan": "non-finite", "dtype": "wrong dtype",
+               "device": "wrong device"}
+
+
+def _seed_rels(lines) -> list[float]:
+    return [float(ln.rsplit("rel=", 1)[1]) for ln in lines
+            if re.fullmatch(r"\[kdkit\] L[01] r0 s\d+ max_abs_diff=\S+ mean=\S+ rel=\S+", ln)]
+
+
+def test_validate_a_users_kernel_writes_only_where_it_disagrees(tmp_path):
+    """run(case) only (the user file's `right` and `wrong`: kdkit's torch reference, then scaled):
+    the right one writes nothing, the wrong one writes every call; the server's output is Triton's."""
+    d_right, d_wrong = tmp_path / "right", tmp_path / "wrong"
+    two = {"steps": [{"layout": "eager"}, {"layout": "graph"}]}
+    (right, l_right, _), (wrong, l_wrong, _) = [
+        _finish(p) for p in (_start(two, _env(KDKIT_MODE="validate", KDKIT_KERNEL=f"{USER}:right", KDKIT_DIR=d_right)),
+                             _start(two, _env(KDKIT_MODE="validate", KDKIT_KERNEL=f"{USER}:wrong", KDKIT_DIR=d_wrong)))]
+    for res in (right, wrong):
+        _all_equal(res)
+        assert res["faults"] == {}, res["faults"]
+    assert any(f"validate with KDKIT_KERNEL={USER}:right" in ln for ln in l_right), l_right
+    assert len(_seed_rels(l_right)) == 4 and max(_seed_rels(l_right)) < 0.02, l_right
+    assert not d_right.exists() or list(d_right.iterdir()) == []
+    assert min(_seed_rels(l_wrong)) > 0.4, l_wrong
+    assert sorted(p.name for p in d_wrong.iterdir()) == ["model-L0-r0-s0.pt", "model-L0-r0-s1.pt",
+                                                         "model-L1-r0-s0.pt", "model-L1-r0-s1.pt"]
+    # the written case replays offline through the same spec, and fails there too
+    r = _kdkit("replay", d_wrong / "model-L0-r0-s0.pt", "--backends", f"{USER}:wrong")
+    assert r.returncode == 1 and "wrong failed" in r.stderr, r.stdout[-2000:] + r.stderr
+
+
+@pytest.mark.parametrize("attr", ["right", "paired"])  # run(case), and the live pair on the server's tensors
+def test_a_faulty_users_kernel_never_changes_the_servers_output(tmp_path, attr):
+    """Raises, wrong shape, NaN, wrong dtype, wrong device: each call's output is Triton's, bitwise;
+    each kind is said once (two layers fault per step), counted, and its cases written."""
+    # (the pair writes into kdkit's buffer: a wrong shape raises there, and a part left unwritten is NaN)
+    faults = ["raise", "shape", "nan", "dtype", "device"] if attr == "right" else ["raise", "nan", "unwritten"]
+    steps = [{"layout": "eager", "user_fault": None}] + [{"layout": "eager", "user_fault": f} for f in faults]
+    res, lines, _ = run({"steps": steps}, KDKIT_MODE="validate", KDKIT_KERNEL=f"{USER}:{attr}", KDKIT_DIR=tmp_path)
+    _all_equal(res)
+    kinds = {**FAULT_KINDS, "unwritten": "non-finite"}
+    want = {}
+    for f in faults:
+        want[f"validate:{kinds[f]}"] = want.get(f"validate:{kinds[f]}", 0) + 2
+    assert res["faults"] == want, (res["faults"], lines)
+    said = [ln for ln in lines if "validate failed: KDKIT_KERNEL=" in ln]
+    assert len(said) == len(set(kinds[f] for f in faults)), said  # once per kind
+    assert all("the real output was returned and the case written" in ln for ln in said), said
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        f"model-L{lid}-r0-s{s}.pt" for s in range(1, len(steps)) for lid in (0, 1))
+    assert len(_seed_rels(lines)) == 2 and max(_seed_rels(lines)) < 0.02  # the fault-free step
+    from kdkit import case as case_mod
+    note = case_mod.load(tmp_path / "model-L0-r0-s3.pt").meta["note"]
+    assert note.startswith(f"kdkit validate: KDKIT_KERNEL={USER}:{attr} returned NaN/inf in "), note
+
+
+def test_replace_with_a_users_live_pair(tmp_path):
+    """The pair serves the calls (within tolerance of Triton, not Triton's bits), eagerly and in
+    SGLang's graph-capture mode (the plan made there is kept); one that raises leaves Triton to
+    serve, bitwise, said once."""
+    steps = [{"layout": "eager"}, {"layout": "graph"}, {"layout": "graph", "graph_capture": True},
+             {"layout": "eager", "user_fault": "raise"}]
+    res, lines, _ = run({"steps": steps}, KDKIT_MODE="replace", KDKIT_KERNEL=f"{USER}:paired")
+    served = [c for c in res["calls"] if c["step"] < 3]
+    assert all(not c["equal"] and c["rel"] < 0.02 for c in served), served
+    assert res["plans_kept"] == 1
+    assert all(c["equal"] for c in res["calls"] if c["step"] == 3)
+    assert res["faults"] == {"replace:RuntimeError": 2}
+    assert sum("replace failed: RuntimeError: injected fault in the user's kernel" in ln for ln in lines) == 1, lines
+
+
+@pytest.mark.parametrize("env, line", [
+    ({"KDKIT_MODE": "replace", "KDKIT_KERNEL": f"{USER}:right"},
+     f"KDKIT_KERNEL='{USER}:right': replace needs a kernel with plan(batch) and launch(plan, q, k, v, kv_buffer, out)"),
+    ({"KDKIT_MODE": "validate", "KDKIT_KERNEL": f"{USER}:nothing"},
+     f"KDKIT_KERNEL='{USER}:nothing': {USER}:nothing: no attribute 'nothing' (backends in it: right, wrong, paired)"),
+    ({"KDKIT_MODE": "validate", "KDKIT_KERNEL": "kdkit_no_such_pkg.mod"},
+     "KDKIT_KERNEL='kdkit_no_such_pkg.mod': kdkit_no_such_pkg.mod: cannot import (ModuleNotFoundError: "),
+    ({"KDKIT_MODE": "validate", "KDKIT_KERNEL": "mine"}, "KDKIT_KERNEL='mine': not a backend here: choose cuda, torch"),
+])
+def test_a_users_kernel_that_cannot_serve_stops_start_up_with_one_line(env, line):
+    res, _, err = run({"steps": [{"layout": "eager"}]}, rc=1, **env)
+    assert res is None and "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("[kdkit] stopping SGLang at start-up: " + line), err[-2000:]

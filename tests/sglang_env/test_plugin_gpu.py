@@ -56,7 +56,9 @@ def test_gpu_validate_with_kdkits_kernel(tmp_path):
     assert all(rels[(f"L{l}", "r0", "s3")] > 0.4 for l in (0, 1)), rels
     assert res["faults"] == {"validate:RuntimeError": 2}
     assert sum("injected fault" in ln for ln in lines) == 1
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["model-L0-r0-s3.pt", "model-L1-r0-s3.pt"]
+    # the kernel's fault (s2) and its wrong output (s3) are written, to be replayed offline
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model-L0-r0-s2.pt", "model-L0-r0-s3.pt",
+                                                          "model-L1-r0-s2.pt", "model-L1-r0-s3.pt"]
 
 
 def test_gpu_replace_inside_a_cuda_graph_matches_the_run_without_the_plugin():
