@@ -265,6 +265,10 @@ class ReplayPage:
         for part, handles in self._handles.items():
             got = self.bundles(part)
             for i, h in enumerate(handles):
+                if part == "figures":
+                    # JupyterLab's plotly renderer ignores a new figure for an output it has drawn
+                    # in (it keeps the first): blank the output first, so a fresh one draws it
+                    h.update(_EMPTY, raw=True)
                 h.update(got[i] if i < len(got) else _EMPTY, raw=True)
 
     def set_view(self, view: ReplayView | None, token: int | None = None, head: int | None = None,
