@@ -244,8 +244,8 @@ def _why_bad(row, width: int = 120) -> str:
     """'torch (fail: ulp_row 1.3 > ...)' or 'torch (error: RuntimeError: ...)', the reason cut to one
     short line."""
     why = " ".join(str(getattr(row, "reason", "") or "").split())
-    if len(why) > width:
-        why = why[:width - 3] + "..."
+    if len(why) > width:  # cut between words: "kdkit inspect" cut to "kdkit insp..." read as a typo
+        why = why[:width - 4].rsplit(" ", 1)[0] + " ..."
     return f"{row.backend} ({row.status}{': ' + why if why else ''})"
 
 

@@ -258,3 +258,45 @@ def test_exported_replay_notebook_draws_its_figures_offline(tmp_path):
             page.screenshot(path=str(ARTIFACTS / "replay-exported.png"), full_page=False)
         finally:
             browser.close()
+
+
+def test_report_folder_offline_every_figure_drawn_no_text_overflows(tmp_path):
+    """`kdkit report DIR -o OUT` opened from disk with no network: the pages load the one shared
+    plotly.js, every figure is drawn, a refused case shows its index arrays with the lint's
+    finding, no text box runs past its edge, the index cuts no word (issue 33)."""
+    from playwright.sync_api import sync_playwright
+
+    from kdkit.cli import main
+    src = tmp_path / "cases"
+    src.mkdir()
+    shutil.copy(ROOT / "data" / "captured_tensors" / "seed-shape.pt", src / "seed-shape.pt")
+    for name in ("mask-indptr-sliced", "prefix-only-kv-indices"):
+        shutil.copy(ROOT / "data" / "captured_tensors" / "failures" / f"{name}.pt", src / f"{name}.pt")
+    out = tmp_path / "out"
+    assert main(["report", str(src), "-o", str(out), "--backends", "oracle,torch"]) == 1
+    overflow = """() => [...document.querySelectorAll('pre, td, li, p')]
+        .filter(e => e.scrollWidth > e.clientWidth + 1).map(e => e.textContent.slice(0, 80))"""
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page(viewport={"width": 1000, "height": 900})
+            page.route("http*://**", lambda route: route.abort())
+            page.goto((out / "index.html").as_uri())
+            assert page.evaluate(overflow) == []
+            fails = page.eval_on_selector_all("td.fail", "els => els.map(e => e.textContent)")
+            assert len(fails) == 2 and all(" ..." in t or "..." not in t for t in fails), fails
+            for html, figs, lint in (("seed-shape.html", 6, None),
+                                     ("failure-mask-indptr-sliced.html", 1, "mask-indptr-sliced"),
+                                     ("failure-prefix-only-kv-indices.html", 1, "prefix-only-kv-indices")):
+                page.goto((out / html).as_uri())
+                page.wait_for_function(f"() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= {figs}")
+                titles = page.eval_on_selector_all(".js-plotly-plot .gtitle", "els => els.map(e => e.textContent)")
+                assert len(titles) == figs, titles
+                if lint:
+                    assert "the index arrays against" in titles[0] and f"lint: {lint}" in titles[0], titles
+                    assert page.locator(".js-plotly-plot .bars path").count() > 0      # bars, not an empty axis
+                assert page.evaluate(overflow) == [], html
+                ARTIFACTS.mkdir(parents=True, exist_ok=True)
+                page.screenshot(path=str(ARTIFACTS / f"report-{html[:-5]}.png"), full_page=True)
+        finally:
+            browser.close()

@@ -297,8 +297,10 @@ def test_capture_dir_of_failing_cases_replays_the_first_loadable(tmp_path):
     text = texts(nb)
     assert "replaying mask-indptr-sliced.pt" in text
     assert outputs(nb, WIDGET)                                          # tqdm's bar, a widget in the kernel
-    metrics = [f for f in outputs(nb, PLOTLY) if "backends vs oracle" in f["layout"]["title"]["text"]]
-    assert metrics and "mask-indptr-sliced" in metrics[0]["layout"]["title"]["text"]
+    # no backend judged (the oracle cannot read it): its index arrays against the layout, the bug named
+    figs = [f["layout"]["title"]["text"] for f in outputs(nb, PLOTLY)]
+    assert figs == ["failure-mask-indptr-sliced: the index arrays against the sglang layout"
+                    "<br><sup>lint: mask-indptr-sliced [mask_indptr]</sup>"], figs
 
     nb, res, _ = execute("capture", tmp_path, capture_dir=str(d), interactive=False, limit=1)
     assert [r["file"] for r in res["rows"]] == ["a-truncated.pt"]        # the limit, from the notebook

@@ -303,3 +303,22 @@ def test_report_figures_of_a_case_without_query_rows():
     rep = replay(c, ["torch"])
     figs = plots.replay_figures(c, rep)
     assert "metrics" in figs and "tree" not in figs
+
+
+@pytest.mark.parametrize("name, panel", [("mask-indptr-sliced", "mask block start (mask_indptr)"),
+                                         ("prefix-only-kv-indices", "KV length (kv_indptr)")])
+def test_a_case_the_lint_refuses_draws_its_index_arrays_not_an_empty_chart(name, panel):
+    """Issue 33: the report of a mis-marshaled case had one empty chart (no backend judged). Now
+    its index arrays against the layout, the values that differ in red, the lint's code named."""
+    from conftest import bundled_path
+    from kdkit.case import load
+    case = load(bundled_path(name))
+    rep = replay(case, ["oracle", "torch"])
+    figs = plots.replay_figures(case, rep)
+    assert list(figs) == ["layout"]
+    fig = figs["layout"]
+    assert f"lint: {name} [" in fig.layout.title.text
+    ax = next(a for a in fig.layout.annotations if a.text == panel)   # the subplot with the bug
+    col = 1 + [a.text for a in fig.layout.annotations if a.text.endswith(")")].index(panel)
+    said = [t for t in fig.data if t.name == "the case says"][col - 1]
+    assert plots.FAIL_COLOR in list(said.marker.color), (ax.text, said.marker.color)
