@@ -245,7 +245,8 @@ class ReplayPage:
             return [_text_bundle(_lint.format_findings(self.view.rep.lint or []))]
         ok, line = report.outcome(self.view.rep)
         if part == "verdict":
-            return [_text_bundle("\n".join([self.view.rep.table(), "", *self.view.rep.seed_lines()]).rstrip())]
+            return [_text_bundle("\n".join([self.view.rep.table(), "", report.table_legend(self.view.rep), "",
+                                             *self.view.rep.seed_lines()]).rstrip())]
         return [_text_bundle(f"{self.view.case.case_id}: " + ("PASS" if ok else "FAIL: " + line))]
 
     def show(self, *parts: str) -> None:

@@ -249,6 +249,36 @@ def _why_bad(row, width: int = 120) -> str:
     return f"{row.backend} ({row.status}{': ' + why if why else ''})"
 
 
+# One line per column of ReplayReport.table(), printed under it (the column names are short)
+TOLERANCE_DOCS = "docs/judge.md"
+
+
+def table_legend(rep) -> str:
+    """What each column of the results table means, the limit's dependence on the production
+    path said with this replay's own names, and where the tolerances are explained."""
+    against = getattr(rep, "against", "oracle")
+    prod = getattr(rep, "production", None)
+    asked = ", ".join(r.backend for r in rows_of(rep))
+    if prod:
+        limit = (f"the max_abs allowed: 2 x the production path's error on this case ({prod}, the "
+                 f"best-known path among those asked for: {asked}) + a rounding floor; asking for "
+                 f"another set of backends can change it. {prod}'s own limit: the floor alone")
+    else:
+        limit = ("the max_abs allowed: a rounding floor (no production path was asked for; with one, "
+                 "2 x its error on this case + a smaller floor)")
+    lines = [f"status    pass / fail against {against}; error: it could not run or its output was unusable;"
+             f" skipped: not runnable here (why below). {against}'s own row is the reference, not a test",
+             f"max_abs   largest |out - {against}| over every output element; mean_abs: their mean",
+             "rel       ||out - ref|| / ||ref||;  cos_dist: 1 - cosine similarity (0 = same direction)",
+             f"lse_err   largest |lse - {against}'s lse| (the log-sum-exp the kernels return)",
+             f"limit     {limit}",
+             "nearest   the check closest to its limit, as value / limit (ulp_mean 0.27: 27% of its "
+             "limit; above 1 fails)",
+             "time      wall time of that backend's run (host included; not a benchmark)",
+             f"tolerances, and why they are what they are: {TOLERANCE_DOCS}"]
+    return "\n".join(lines)
+
+
 def _summary(rep) -> str:
     s = getattr(rep, "summary", "")
     return s() if callable(s) else str(s)
@@ -319,7 +349,7 @@ def render_markdown(reports: list, sources: list | None = None, stopped: list | 
         lint_text, table = _lint_text(rep), rep.table()
         out += [_md(_summary(rep)), "", f"**Result: {_md(line) if ok else 'FAIL (' + _md(line) + ')'}**", "",
                 "### Lint", "", *_fenced(lint_text), "",
-                "### Backends", "", *_fenced(table), ""]
+                "### Backends", "", *_fenced(table), "", *_fenced(table_legend(rep)), ""]
         if ran(rep):
             out += ["### What ran", ""] + [f"- {line}" for line in ran(rep)] + [""]
         seeds = list(rep.seed_lines())
@@ -363,7 +393,8 @@ def _section(rep, source=None, case=None, figures: bool = True, with_js: bool = 
     the first one when with_js (once per page, so that the page works without a network)."""
     ok, line = outcome(rep)
     sec = {"case_id": str(getattr(rep, "case_id", "case")), "source": source, "summary": _summary(rep),
-           "ok": ok, "outcome": line, "lint": _lint_text(rep), "table": rep.table(), "ran": ran(rep),
+           "ok": ok, "outcome": line, "lint": _lint_text(rep), "table": rep.table(),
+           "legend": table_legend(rep), "ran": ran(rep),
            "seeds": list(rep.seed_lines()), "skipped": skipped(rep), "figures": [], "figures_note": None}
     if figures:
         figs, sec["figures_note"] = _figures(rep, case)

@@ -79,3 +79,15 @@ def test_report_one_case_still_writes_one_file(capsys, tmp_path):
     target = tmp_path / "one.md"
     assert main(["report", str(DATA / "seed-shape.pt"), "-o", str(target), "--backends", "oracle"]) == 1  # nothing judged
     assert target.read_text().startswith("# kdkit replay report")
+
+
+def test_the_results_table_has_a_legend(tmp_path):
+    """Issue 33: limit, nearest, production were not explained where they were printed."""
+    target = tmp_path / "one.md"
+    assert main(["report", str(DATA / "seed-shape.pt"), "-o", str(target), "--backends", "oracle,torch"]) == 0
+    text = target.read_text()
+    legend = text.split("### Backends")[1]
+    for col in ("status", "max_abs", "rel", "lse_err", "limit", "nearest", "time"):
+        assert re.search(rf"^{col} +\S", legend, re.M), col
+    assert "oracle's own row is the reference" in legend and "docs/judge.md" in legend
+    assert "no production path was asked for" in legend
