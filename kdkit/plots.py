@@ -452,10 +452,17 @@ def nsplit_lines(results: dict, bs: int = 1, q_len: int | None = None, heads: in
         fig.add_hline(y=results["copy_gbps"], line_dash="dot",
                       annotation_text=f"device copy {results['copy_gbps']:.0f} GB/s (the memory roof)",
                       annotation_position="bottom left")
-    # log y: on a linear axis the copy line squeezed the per-NSPLIT lines into the bottom quarter
+    # log y: on a linear axis the copy line squeezed the per-NSPLIT lines into the bottom quarter.
+    # The range holds the copy line and its label (autorange covers the traces only: the line sat
+    # above the plot, its label unseen)
+    ys = [r["gbps"] for r in rows if r["gbps"] and r["gbps"] > 0] + [results.get("copy_gbps") or 0]
+    ys = [y for y in ys if y > 0]
+    yaxis = {"title": "GB/s", "type": "log"}
+    if ys:
+        yaxis["range"] = [float(np.log10(min(ys) / 1.5)), float(np.log10(max(ys) * 2.0))]
     return _finish(fig, "CUDA kernel GB/s per NSPLIT",
                    f"{br.shape_text(rows[0])}; {_label(results)}; labels on 'auto': the NSPLIT it chose",
-                   xaxis={"title": "prefix length", "type": "log"}, yaxis={"title": "GB/s", "type": "log"})
+                   xaxis={"title": "prefix length", "type": "log"}, yaxis=yaxis)
 
 
 def backends_vs_prefix(results: dict, bs: int = 1, q_len: int | None = None, heads: int | None = None,

@@ -252,6 +252,8 @@ def test_bench_figures_read_at_small_fractions():
     lines = plots.nsplit_lines(results)
     assert lines.layout.yaxis.type == "log"
     assert [s.y0 for s in lines.layout.shapes] == [results["copy_gbps"]]
+    lo, hi = lines.layout.yaxis.range                                       # the roof and its label in view
+    assert lo < np.log10(results["copy_gbps"]) < hi - 0.1
     assert any(f"copy {results['copy_gbps']:.0f} GB/s" in a.text for a in lines.layout.annotations)
     summary = bench_results.summary(results, bs=1, q_len=9, heads=8)
     ratios = [r["auto_over_best"] for r in summary if r["auto_over_best"] is not None]
