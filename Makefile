@@ -42,7 +42,7 @@ need_disk = @if [ -n "$(NEED_DISK)" ]; then avail=$$(df -Pk . | awk 'NR==2 {prin
 comma := ,
 SG_STAMP := $(if $(strip $(SGLANG_ENV)),$(SGLANG_ENV)/.kdkit-installed,)
 
-.PHONY: demo test bundled clean
+.PHONY: demo test bundled lab clean
 
 # one report, replaced on each run; backends that cannot run here are skipped with their reason
 demo: $(DEMO_STAMP)
@@ -64,9 +64,19 @@ chromium:
 	      >.cache/apt-chromium.log 2>&1 || echo "kdkit: chromium could not be installed (.cache/apt-chromium.log): the browser test will skip"; \
 	  else echo "kdkit: no chromium and not root: the browser test will skip (apt-get install chromium)"; fi; fi
 
-# rebuilds data/captured_tensors; refuses to overwrite unless FORCE=1
+# rebuilds data/captured_tensors; refuses to overwrite unless FORCE=1 (kdkit.bundled's own
+# message names --force, its command-line form: the make form is said after it)
 bundled: $(DEMO_STAMP)
-	$(PY) -m kdkit.bundled $(if $(FORCE),--force)
+	@$(PY) -m kdkit.bundled $(if $(FORCE),--force) || { echo "kdkit: to rebuild them here: make bundled FORCE=1" >&2; exit 1; }
+
+# the notebooks: the lab extra installed once, quietly (as the set-up below: SGLang's and torch's
+# pins would print a page of conflicts), then JupyterLab on the repository (notebooks/ open in it).
+# LAB_ARGS adds JupyterLab options, e.g. LAB_ARGS='--no-browser --ip=0.0.0.0 --port=8888'
+LAB_ARGS ?=
+LAB_STAMP := $(if $(DEMO_STAMP),$(VENV)/.kdkit-lab,)
+lab: $(LAB_STAMP)
+	$(call say,JupyterLab on $(CURDIR): open notebooks/replay.ipynb (Ctrl-C twice stops it))
+	$(PY) -m jupyterlab --ServerApp.root_dir="$(CURDIR)" $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 # Set-up, redone when pyproject.toml or this file changes. torch first: `torch==2.13.0` takes the
 # CPU build kept on local disk, so the extras below resolve against it instead of pulling a CUDA
@@ -99,6 +109,13 @@ $(TEST_STAMP): $(DEMO_STAMP)
 	$(PY) -m pip install -q --no-warn-conflicts --no-deps flashinfer-bench==0.1.2
 	$(call say,[2/2] downloading SGLang $(SGLANG_LAYOUTS) wheels for the loader tests into .cache/wheels)
 	for v in $(SGLANG_LAYOUTS); do $(PY) -m pip download -q --no-deps -d .cache/wheels "sglang==$$v" || true; done
+	touch $@
+endif
+
+ifneq ($(LAB_STAMP),)
+$(LAB_STAMP): $(DEMO_STAMP)
+	$(call say,installing the lab extra (JupyterLab$(comma) widgets$(comma) papermill) quietly)
+	$(PY) -m pip install -q --no-warn-conflicts -e '.[lab]'
 	touch $@
 endif
 

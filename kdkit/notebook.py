@@ -2,7 +2,10 @@
 
     resolve(path)              a repo-relative path that works from the repo root and from notebooks/
     ReplayView.load(path, backends)   one case replayed, and its figures (the same with or without widgets)
-    ReplayExplorer(view, cases_dir)   the widgets: case picker, backends, token/head; redraws in place
+    ReplayPage(view)           the parts of a page about one case (case, lint, verdict, figures,
+                               outcome), each shown where a cell calls show(), redrawn together
+    ReplayExplorer(view, cases_dir)   the widgets: case picker, backends, token/head; they drive the page
+    use_offline_figures()      figure.show() emits figures that survive export (done on import)
     capture_rows(directory, limit=None)   the table of a capture directory (layer, rank, step, shapes,
                                lint, verdict), with a progress bar
     pick_replayable(rows)      the row capture.ipynb replays: the first passing case, else the first
@@ -117,6 +120,169 @@ def show_figures(figs: dict) -> None:
         fig.show()
 
 
+# ---- figures that survive export -------------------------------------------------------------
+# A figure's output carries two forms: plotly's own JSON (what JupyterLab's plotly extension
+# draws) and HTML (a div and the Plotly.newPlot call: what nbconvert's HTML export and any viewer
+# without the extension draw). The HTML needs plotly.js on the page: the first figure a kernel
+# shows carries it, inlined (about 4.6 MB, once per notebook; the machines have no network, so
+# never a CDN link). A cell re-run later in the same kernel does not carry it again: export a
+# notebook run top to bottom (nbconvert --execute, papermill), as shared notebooks are.
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+RENDERER = "kdkit_offline"
+_js_shown = False
+
+
+def plotly_js_html() -> str:
+    """plotly.js inlined as <script>s that define window.Plotly even where require.js is on the
+    page (nbconvert's HTML template loads it): plotly.js registers as an AMD module, not as
+    window.Plotly, when it finds `define`, so `define` is hidden while it runs."""
+    from plotly.offline import get_plotlyjs
+    return ("<script>window.PlotlyConfig = {MathJaxConfig: 'local'};"
+            "window._kdkitDefine = window.define; window.define = undefined;</script>\n"
+            f"<script type=\"text/javascript\">{get_plotlyjs()}</script>\n"
+            "<script>window.define = window._kdkitDefine;</script>")
+
+
+def take_plotly_js() -> str:
+    """plotly_js_html() the first time in this kernel, "" after."""
+    global _js_shown
+    if _js_shown:
+        return ""
+    _js_shown = True
+    return plotly_js_html()
+
+
+def figure_bundle(fig, js: str = "") -> dict:
+    """A figure's display bundle: plotly's JSON and the offline HTML (after `js`, plotly.js)."""
+    import json
+
+    import plotly.io as pio
+    fig_dict = fig if isinstance(fig, dict) else fig.to_dict()
+    div = pio.to_html(fig_dict, include_plotlyjs=False, include_mathjax=False, full_html=False,
+                      validate=False)
+    return {PLOTLY_MIME: json.loads(pio.to_json(fig_dict, validate=False, remove_uids=False)),
+            "text/html": js + div, "text/plain": f"<{_title_plain(fig_dict)}>"}
+
+
+def _title_plain(fig_dict: dict) -> str:
+    text = ((fig_dict.get("layout") or {}).get("title") or {}).get("text") or "plotly figure"
+    return re.sub(r"<[^>]+>", " ", text).strip()
+
+
+def use_offline_figures() -> bool:
+    """Make figure.show() in this Jupyter kernel emit figure_bundle (kdkit.notebook does it on
+    import). Not in a plain Python or a terminal IPython, and not when the user chose a renderer
+    (PLOTLY_RENDERER). Returns whether it did."""
+    try:
+        from IPython import get_ipython
+        import plotly.io as pio
+        from plotly.io._base_renderers import MimetypeRenderer
+    except ImportError:
+        return False
+    shell = get_ipython()
+    if shell is None or type(shell).__name__ != "ZMQInteractiveShell" or os.environ.get("PLOTLY_RENDERER"):
+        return False
+
+    class OfflineRenderer(MimetypeRenderer):
+        def to_mimebundle(self, fig_dict):
+            return figure_bundle(fig_dict, take_plotly_js())
+
+    pio.renderers[RENDERER] = OfflineRenderer()
+    pio.renderers.default = RENDERER
+    return True
+
+
+# ---- one case on a page --------------------------------------------------------------------------
+def _text_bundle(text: str) -> dict:
+    return {"text/plain": text}
+
+
+_EMPTY = {"text/plain": ""}
+
+
+class ReplayPage:
+    """Every part of a notebook about one case (what it holds, the lint, the verdict table, the
+    figures, the PASS/FAIL line), each shown where a cell calls show(part) and redrawn in place,
+    through display ids, when the case changes (set_view): one case on the whole page, never two.
+    The outputs are ordinary cell outputs, so an exported notebook keeps them."""
+
+    PARTS = ("case", "lint", "verdict", "figures", "outcome")
+
+    def __init__(self, view: ReplayView | None, token: int | None = None, head: int | None = None):
+        self.view, self.token, self.head = view, token, head
+        self.error: str | None = None      # why the picked case could not be replayed
+        self.slots = 0                     # figure outputs kept for redraws (ReplayExplorer sets it)
+        self._handles: dict[str, list] = {}
+        self._figs: tuple | None = None    # (view, token, head, figures): drawn once per state
+
+    def figures(self) -> dict:
+        """name -> figure of the current case and row ({} without a case)."""
+        if self.view is None:
+            return {}
+        key = (id(self.view), self.token, self.head)
+        if self._figs is None or self._figs[0] != key:
+            self._figs = (key, self.view.figures(self.token, self.head))
+        return self._figs[1]
+
+    def _figure_bundles(self) -> list[dict]:
+        try:
+            return [figure_bundle(f) for f in self.figures().values()]
+        except Exception as e:  # e.g. a mis-marshaled case the oracle cannot read
+            return [_text_bundle(f"figures unavailable: {type(e).__name__}: {e}")]
+
+    def bundles(self, part: str) -> list[dict]:
+        if part not in self.PARTS:
+            raise ValueError(f"part = {part!r}: one of {', '.join(self.PARTS)}")
+        if self.view is None:
+            why = self.error or "no case picked"
+            return [_text_bundle(why)] if part in ("case", "outcome") else [_EMPTY]
+        if part == "figures":
+            return self._figure_bundles()
+        if part == "case":
+            return [_text_bundle(report.describe_case(self.view.case, self.view.path))]
+        if part == "lint":
+            return [_text_bundle(_lint.format_findings(self.view.rep.lint or []))]
+        ok, line = report.outcome(self.view.rep)
+        if part == "verdict":
+            return [_text_bundle("\n".join([self.view.rep.table(), "", report.table_legend(self.view.rep), "",
+                                             *self.view.rep.seed_lines()]).rstrip())]
+        return [_text_bundle(f"{self.view.case.case_id}: " + ("PASS" if ok else "FAIL: " + line))]
+
+    def show(self, *parts: str) -> None:
+        """Display these parts in the current cell; later set_view() calls redraw them there."""
+        from IPython.display import display
+        for part in parts:
+            got = self.bundles(part)
+            if part == "figures":
+                js = take_plotly_js()
+                if js:  # plotly.js once, in an output of its own that is never redrawn
+                    display({"text/html": js, "text/plain": ""}, raw=True)
+                got = got + [_EMPTY] * (self.slots - len(got))
+            handles = [display(b, raw=True, display_id=True) for b in got]
+            self._handles.setdefault(part, []).extend(handles)
+
+    def redraw(self) -> None:
+        for part, handles in self._handles.items():
+            got = self.bundles(part)
+            for i, h in enumerate(handles):
+                if part == "figures":
+                    # JupyterLab's plotly renderer ignores a new figure for an output it has drawn
+                    # in (it keeps the first): blank the output first, so a fresh one draws it
+                    h.update(_EMPTY, raw=True)
+                h.update(got[i] if i < len(got) else _EMPTY, raw=True)
+
+    def set_view(self, view: ReplayView | None, token: int | None = None, head: int | None = None,
+                 error: str | None = None) -> None:
+        self.view, self.token, self.head, self.error = view, token, head, error
+        self.redraw()
+
+    def result(self) -> dict:
+        """ReplayView.result of the current case, with its figures' titles (what a test reads)."""
+        if self.view is None:
+            return {"ok": False, "outcome": self.error}
+        return self.view.result(self.figures())
+
+
 # ---- widgets ----------------------------------------------------------------------------------
 
 def _esc(text) -> str:
@@ -125,14 +291,24 @@ def _esc(text) -> str:
     import html
     return html.escape(str(text))
 
+
 class ReplayExplorer:
-    """A case picker over a directory, a backend selector, token and head sliders, and one output
-    area that is redrawn in place. `.widget` is what a notebook displays."""
+    """A case picker over a directory, a backend selector and token and head sliders that drive a
+    ReplayPage: every part of the page shown so far is redrawn for the picked case. `.widget` is
+    the controls and a status line; `.page.show(...)` places the parts."""
 
     def __init__(self, view: ReplayView | None = None, cases_dir=BUNDLED_DIR, backends="oracle,torch",
-                 against: str = "oracle"):
+                 against: str = "oracle", page: ReplayPage | None = None):
         import ipywidgets as w
         self.against = against
+        self.page = page or ReplayPage(view)
+        # the most figures a case can have (the metrics, an error heatmap per backend but the
+        # reference, the KV error, tree, visibility, probabilities): a case picked later with
+        # more figures than the first one still has outputs to be drawn in
+        self.page.slots = len(BACKENDS) + 4
+        view = view or self.page.view
+        # the first row drawn: the page's token/head when given (>= 0), else the worst row
+        self._start = (self.page.token, self.page.head)
         self.files = case_files(cases_dir)
         root = resolve(cases_dir)
         if view is not None and view.path is not None and view.path.resolve() not in [f.resolve() for f in self.files]:
@@ -144,9 +320,8 @@ class ReplayExplorer:
         self.token = w.IntSlider(description="token", min=0, max=0, continuous_update=False)
         self.head = w.IntSlider(description="head", min=0, max=0, continuous_update=False)
         self.status = w.HTML()
-        self.out = w.Output()
         for x, cls in ((self.case, "kdkit-case"), (self.backends, "kdkit-backends"), (self.token, "kdkit-token"),
-                       (self.head, "kdkit-head"), (self.status, "kdkit-status"), (self.out, "kdkit-figures")):
+                       (self.head, "kdkit-head"), (self.status, "kdkit-status")):
             x.add_class(cls)
         self.view = view
         self.backends.value = tuple(backend_list(backends))
@@ -157,8 +332,7 @@ class ReplayExplorer:
         self.backends.observe(lambda _: self._replay(), names="value")
         self.token.observe(lambda _: self._draw(), names="value")
         self.head.observe(lambda _: self._draw(), names="value")
-        self.widget = w.VBox([w.HBox([w.VBox([self.case, self.token, self.head]), self.backends]),
-                              self.status, self.out])
+        self.widget = w.VBox([w.HBox([w.VBox([self.case, self.token, self.head]), self.backends]), self.status])
 
     def _replay(self) -> None:
         self.status.value = f"<b>replaying</b> {_esc(self.case.label)} ..."
@@ -167,42 +341,35 @@ class ReplayExplorer:
         if self.view is None or self.view.path != path or [r.backend for r in self.view.rep.rows] != picked:
             try:
                 self.view = ReplayView.load(path, picked, self.against)
-            except Exception as e:  # a broken case file: say so in place, keep the widgets alive
+            except Exception as e:  # a broken case file: said on the page, the widgets stay alive
                 self.view = None
-                self.out.clear_output()
-                self.status.value = (f"<b style='color:#b00020'>cannot replay {_esc(path.name)}</b>: "
-                                     f"{type(e).__name__}: {_esc(e)}")
+                why = f"cannot replay {path.name}: {type(e).__name__}: {e}"
+                self.page.set_view(None, error=why)
+                self.status.value = f"<b style='color:#b00020'>{_esc(why)}</b>"
                 return
         _, t, h = plots.worst_row(self.view.rep)
+        t0, h0 = self._start
+        self._start = (None, None)
+        t = t0 if t0 is not None and t0 >= 0 else t
+        h = h0 if h0 is not None and h0 >= 0 else h
         self._quiet = True
         T = self.view.case.num_tokens  # 0: a case without query rows; the slider has nothing to pick
         self.token.min, self.token.max = 0, max(T - 1, 0)
         self.token.disabled = T == 0
         self.head.max = self.view.case.num_heads - 1
-        self.token.value, self.head.value = min(t, max(T - 1, 0)), h
+        self.token.value, self.head.value = min(t, max(T - 1, 0)), min(h, self.head.max)
         self._quiet = False
         self._draw()
 
     def _draw(self) -> None:
         if getattr(self, "_quiet", False) or self.view is None:
             return
-        # The output area's contents are set, not captured from a `with self.out:` block: nbclient
-        # (papermill) hung on figures captured into an Output widget made in the same cell, the
-        # explorer's first draw, so the notebooks' default (interactive) never finished there
-        self.out.outputs = ()
-        self.out.append_stdout(self.view.text() + "\n")
-        try:
-            # a plotly figure's own mime bundle: IPython's formatter hands figures to their
-            # _ipython_display_, which would show them outside the widget
-            figs = [{"output_type": "display_data", "data": fig._repr_mimebundle_(), "metadata": {}}
-                    for fig in self.view.figures(self.token.value, self.head.value).values()]
-            self.out.outputs += tuple(figs)
-        except Exception as e:  # e.g. a mis-marshaled case the oracle cannot read
-            self.out.append_stdout(f"figures unavailable: {type(e).__name__}: {e}\n")
+        self.page.set_view(self.view, self.token.value, self.head.value)
         ok, line = report.outcome(self.view.rep)
         self.status.value = (f"<b>{_esc(self.view.case.case_id)}</b>: "
                              f"<span style='color:{'#1b5e20' if ok else '#b00020'}'>{'pass' if ok else _esc(line)}</span>"
-                             f"; row token {self.token.value} head {self.head.value}")
+                             f"; row token {self.token.value} head {self.head.value}"
+                             "; every output below shows this case")
 
 
 # ---- capture directories ------------------------------------------------------------------------
@@ -298,3 +465,6 @@ def read_result(nb) -> dict:
     if not found:
         raise LookupError(f"the notebook emitted no {RESULT_MIME} output (kdkit.notebook.emit)")
     return found[-1]
+
+
+use_offline_figures()

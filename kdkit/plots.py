@@ -7,6 +7,7 @@ already computed. Every figure is a function of a case, a replay report or a ben
     kv_profile(case, token, head)                the oracle's probabilities along KV, with the mask
     tree_mask(case, b)                           request b's draft tree drawn next to its mask
     visibility_heatmap(case, b)                  which KV columns each query row sees (prefix | draft)
+    layout_check(case, findings)                 the index arrays against the layout (a broken case)
     nsplit_heatmap / nsplit_lines / backends_vs_prefix / graph_replay   (bench results)
 
 Titles are two short lines (what, then the numbers) anchored left, so a notebook's narrow output
@@ -324,6 +325,38 @@ def visibility_heatmap(case, b: int = 0) -> go.Figure:
     return _finish(fig, f"{case.case_id}: visibility of request {b}", f"q_len {n}, prefix {p}")
 
 
+def layout_check(case, findings=()) -> go.Figure:
+    """Per request, what the case's index arrays say against what its layout implies: the KV
+    length (kv_indptr) and the mask block (mask_indptr: its start and its length), a value that
+    differs in red, the lint's errors named: the picture of a mis-marshaled case, whose inputs the
+    oracle cannot read (so there is no error to draw)."""
+    from .report import request_rows
+    rows = request_rows(case)
+    bs = [f"r{r['b']}" for r in rows]
+    implied_start = np.concatenate([[0], np.cumsum([r["mask_expected"] or 0 for r in rows])[:-1]]).tolist()
+    panels = [("KV length (kv_indptr)", "kv_len", "kv_expected", None),
+              ("mask block start (mask_indptr)", "mask_start", None, implied_start),
+              ("mask block length (mask_indptr)", "mask_len", "mask_expected", None)]
+    if case.custom_mask is None:
+        panels = panels[:1]
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[p[0] for p in panels], horizontal_spacing=0.08)
+    for col, (_, got_key, want_key, want_list) in enumerate(panels, start=1):
+        got = [r[got_key] for r in rows]
+        want = want_list if want_list is not None else [r[want_key] for r in rows]
+        bad = [g is None or (w is not None and g != w) for g, w in zip(got, want)]
+        fig.add_trace(go.Bar(x=bs, y=[w for w in want], name="the layout implies", marker_color="#c7c7c7",
+                             showlegend=col == 1, hovertemplate="%{x}: implied %{y}<extra></extra>"), row=1, col=col)
+        fig.add_trace(go.Bar(x=bs, y=[g if g is not None else 0 for g in got], name="the case says",
+                             marker_color=[FAIL_COLOR if b else PASS_COLOR for b in bad], showlegend=col == 1,
+                             text=["missing" if g is None else ("differs" if b else "") for g, b in zip(got, bad)],
+                             textposition="outside", hovertemplate="%{x}: the case says %{y}<extra></extra>"),
+                      row=1, col=col)
+    errs = sorted({f"{f.code} [{f.field}]" for f in findings if f.severity == "error"})
+    fig.update_layout(barmode="group", legend={"orientation": "h", "y": -0.15})
+    return _finish(fig, f"{case.case_id}: the index arrays against the {case.layout} layout",
+                   ("lint: " + ", ".join(errs)) if errs else "red: a value the layout does not imply")
+
+
 def metrics_bar(report) -> go.Figure:
     """Per backend: max_abs and mean_abs bars and the limit it was held to (log scale). An error
     of exactly 0 (the reference against itself) has no place on a log axis: it is written "exact"."""
@@ -419,10 +452,17 @@ def nsplit_lines(results: dict, bs: int = 1, q_len: int | None = None, heads: in
         fig.add_hline(y=results["copy_gbps"], line_dash="dot",
                       annotation_text=f"device copy {results['copy_gbps']:.0f} GB/s (the memory roof)",
                       annotation_position="bottom left")
-    # log y: on a linear axis the copy line squeezed the per-NSPLIT lines into the bottom quarter
+    # log y: on a linear axis the copy line squeezed the per-NSPLIT lines into the bottom quarter.
+    # The range holds the copy line and its label (autorange covers the traces only: the line sat
+    # above the plot, its label unseen)
+    ys = [r["gbps"] for r in rows if r["gbps"] and r["gbps"] > 0] + [results.get("copy_gbps") or 0]
+    ys = [y for y in ys if y > 0]
+    yaxis = {"title": "GB/s", "type": "log"}
+    if ys:
+        yaxis["range"] = [float(np.log10(min(ys) / 1.5)), float(np.log10(max(ys) * 2.0))]
     return _finish(fig, "CUDA kernel GB/s per NSPLIT",
                    f"{br.shape_text(rows[0])}; {_label(results)}; labels on 'auto': the NSPLIT it chose",
-                   xaxis={"title": "prefix length", "type": "log"}, yaxis={"title": "GB/s", "type": "log"})
+                   xaxis={"title": "prefix length", "type": "log"}, yaxis=yaxis)
 
 
 def backends_vs_prefix(results: dict, bs: int = 1, q_len: int | None = None, heads: int | None = None,
@@ -494,7 +534,10 @@ def replay_figures(case, report, token: int | None = None, head: int | None = No
     for name, v in (("token", token), ("head", head)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))):
             raise ValueError(f"{name} = {v!r}: a whole number (0-based), or None / -1 for the worst row")
-    figs = {"metrics": metrics_bar(report)}
+    # a case no backend was judged on (the oracle could not read it) has no error to draw: its
+    # index arrays against the layout instead of an empty chart
+    judged = any(r.verdict is not None for r in report.rows)
+    figs = {"metrics": metrics_bar(report)} if judged else {"layout": layout_check(case, report.lint or [])}
     for r in report.rows:
         if r.verdict is not None and r.backend != report.against:
             figs[f"error {r.backend}"] = error_heatmap(r.verdict, report.case_id, r.backend,

@@ -2,7 +2,7 @@
 a self-contained Markdown or HTML report of one or more ReplayReports.
 
 An HTML report is viewable offline: plotly.js is inlined once (about 4.6 MB) ahead of the first
-figure; without plotly, or when a figure cannot be drawn, the report says why and has no figures.
+figure (a report folder's pages share one copy beside them instead); without plotly, or when a figure cannot be drawn, the report says why and has no figures.
 A report never overwrites an existing file unless asked (force=True / --force): by default a
 `-YYYYmmdd-HHMMSS` suffix is added to the name and the path actually written is returned.
 """
@@ -244,9 +244,39 @@ def _why_bad(row, width: int = 120) -> str:
     """'torch (fail: ulp_row 1.3 > ...)' or 'torch (error: RuntimeError: ...)', the reason cut to one
     short line."""
     why = " ".join(str(getattr(row, "reason", "") or "").split())
-    if len(why) > width:
-        why = why[:width - 3] + "..."
+    if len(why) > width:  # cut between words: "kdkit inspect" cut to "kdkit insp..." read as a typo
+        why = why[:width - 4].rsplit(" ", 1)[0] + " ..."
     return f"{row.backend} ({row.status}{': ' + why if why else ''})"
+
+
+# One line per column of ReplayReport.table(), printed under it (the column names are short)
+TOLERANCE_DOCS = "docs/judge.md"
+
+
+def table_legend(rep) -> str:
+    """What each column of the results table means, the limit's dependence on the production
+    path said with this replay's own names, and where the tolerances are explained."""
+    against = getattr(rep, "against", "oracle")
+    prod = getattr(rep, "production", None)
+    asked = ", ".join(r.backend for r in rows_of(rep))
+    if prod:
+        limit = (f"the max_abs allowed: 2 x the production path's error on this case ({prod}, the "
+                 f"best-known path among those asked for: {asked}) + a rounding floor; asking for "
+                 f"another set of backends can change it. {prod}'s own limit: the floor alone")
+    else:
+        limit = ("the max_abs allowed: a rounding floor (no production path was asked for; with one, "
+                 "2 x its error on this case + a smaller floor)")
+    lines = [f"status    pass / fail against {against}; error: it could not run or its output was unusable;"
+             f" skipped: not runnable here (why below). {against}'s own row is the reference, not a test",
+             f"max_abs   largest |out - {against}| over every output element; mean_abs: their mean",
+             "rel       ||out - ref|| / ||ref||;  cos_dist: 1 - cosine similarity (0 = same direction)",
+             f"lse_err   largest |lse - {against}'s lse| (the log-sum-exp the kernels return)",
+             f"limit     {limit}",
+             "nearest   the check closest to its limit, as value / limit (ulp_mean 0.27: 27% of its "
+             "limit; above 1 fails)",
+             "time      wall time of that backend's run (host included; not a benchmark)",
+             f"tolerances, and why they are what they are: {TOLERANCE_DOCS}"]
+    return "\n".join(lines)
 
 
 def _summary(rep) -> str:
@@ -319,7 +349,7 @@ def render_markdown(reports: list, sources: list | None = None, stopped: list | 
         lint_text, table = _lint_text(rep), rep.table()
         out += [_md(_summary(rep)), "", f"**Result: {_md(line) if ok else 'FAIL (' + _md(line) + ')'}**", "",
                 "### Lint", "", *_fenced(lint_text), "",
-                "### Backends", "", *_fenced(table), ""]
+                "### Backends", "", *_fenced(table), "", *_fenced(table_legend(rep)), ""]
         if ran(rep):
             out += ["### What ran", ""] + [f"- {line}" for line in ran(rep)] + [""]
         seeds = list(rep.seed_lines())
@@ -363,26 +393,48 @@ def _section(rep, source=None, case=None, figures: bool = True, with_js: bool = 
     the first one when with_js (once per page, so that the page works without a network)."""
     ok, line = outcome(rep)
     sec = {"case_id": str(getattr(rep, "case_id", "case")), "source": source, "summary": _summary(rep),
-           "ok": ok, "outcome": line, "lint": _lint_text(rep), "table": rep.table(), "ran": ran(rep),
+           "ok": ok, "outcome": line, "lint": _lint_text(rep), "table": rep.table(),
+           "legend": table_legend(rep), "ran": ran(rep),
            "seeds": list(rep.seed_lines()), "skipped": skipped(rep), "figures": [], "figures_note": None}
     if figures:
         figs, sec["figures_note"] = _figures(rep, case)
         for fig in figs:
-            sec["figures"].append(fig.to_html(full_html=False, include_plotlyjs=with_js))
+            sec["figures"].append(fig.to_html(full_html=False, include_plotlyjs=with_js, include_mathjax=False))
             with_js = False
     return sec
 
 
+# A report folder's pages share one copy of plotly.js beside them (a relative <script src>: still
+# offline), instead of 4.6 MB inlined in each page
+PLOTLY_JS = "plotly.min.js"
+
+
 def render_html(reports: list, sources: list | None = None, figures: bool = True,
-                cases: list | None = None, stopped: list | None = None, index: str | None = None) -> str:
+                cases: list | None = None, stopped: list | None = None, index: str | None = None,
+                plotly_src: str | None = None) -> str:
+    """One HTML page; plotly.js inlined once (self-contained) unless plotly_src names the copy
+    the page loads instead (a report folder's shared one)."""
     at = (lambda xs, i: xs[i] if xs and i < len(xs) else None)
     sections = []
     for i, rep in enumerate(reports):
-        first = not any(s["figures"] for s in sections)
+        first = plotly_src is None and not any(s["figures"] for s in sections)
         sections.append(_section(rep, at(sources, i), at(cases, i), figures, with_js=first))
     return _templates().get_template("report.html.j2").render(
         title="kdkit report", written=_written(), machine=machine(), sections=sections,
-        stopped=stopped or [], index=index)
+        stopped=stopped or [], index=index,
+        plotly_src=plotly_src if any(s["figures"] for s in sections) else None)
+
+
+def write_plotly_js(out_dir: Path, force: bool = False) -> str:
+    """plotly.js in out_dir, once (kept when the same copy is there); the name pages load it by."""
+    from plotly.offline import get_plotlyjs
+    js = get_plotlyjs()
+    path = out_dir / PLOTLY_JS
+    if path.is_file() and path.read_text(errors="replace") == js:
+        return path.name
+    path = free_path(path, force)
+    publish(path, js, overwrite=force)
+    return path.name
 
 
 def write_report(reports, path: str | os.PathLike, force: bool = False, sources: list | None = None,
@@ -436,13 +488,19 @@ def _page_name(case_id: str, taken: set) -> str:
 def write_report_dir(reports, out_dir: str | os.PathLike, sources: list | None = None,
                      cases: list | None = None, stopped: list | None = None, force: bool = False,
                      backends: str = "", against: str = "oracle", progress: bool = True) -> Path:
-    """One self-contained HTML page per case in out_dir (plotly.js inlined once in each page, so
-    each opens offline on its own) and index.html: pass/fail per case, linked to its page, and the
-    cases that could not be replayed. Existing files are kept (timestamped names) unless force.
+    """One HTML page per case in out_dir, all loading the one plotly.js beside them (plotly.min.js:
+    the folder opens offline, ten pages weigh 5 MB, not 50) and index.html: pass/fail per case,
+    linked to its page, and the cases that could not be replayed. Existing files are kept
+    (timestamped names) unless force.
     Returns the index's path; a progress bar runs on stderr when it is a terminal."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     index = free_path(out / "index.html", force)
+    try:
+        import plotly  # noqa: F401
+        plotly_src = write_plotly_js(out, force)
+    except ImportError:  # the pages say why they have no figures
+        plotly_src = None
     at = (lambda xs, i: xs[i] if xs and i < len(xs) else None)
     todo = range(len(reports))
     if progress:
@@ -455,7 +513,8 @@ def write_report_dir(reports, out_dir: str | os.PathLike, sources: list | None =
     for i in todo:
         rep, src = reports[i], at(sources, i)
         page = free_path(out / _page_name(str(rep.case_id), taken), force)
-        publish(page, render_html([rep], [src], cases=[at(cases, i)], index=index.name), overwrite=force)
+        publish(page, render_html([rep], [src], cases=[at(cases, i)], index=index.name,
+                                  plotly_src=plotly_src), overwrite=force)
         ok, line = outcome(rep)
         rows.append({"case_id": rep.case_id, "page": page.name, "ok": ok, "outcome": line, "source": src,
                      "lint": lint_line(_findings(rep)),

@@ -51,10 +51,15 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """One short block of the skips that are not for want of a GPU: `make test` runs pytest -q
     without -rs, and a missing browser or SGLang environment drowned among the GPU skips."""
     other: dict[str, int] = {}
+    no_gpu = 0
     for rep in terminalreporter.stats.get("skipped", []):
         reason = _skip_reason(rep)
-        if not any(m in reason for m in GPU_ABSENT):
+        if any(m in reason for m in GPU_ABSENT):
+            no_gpu += 1
+        else:
             other[reason] = other.get(reason, 0) + 1
+    if no_gpu:  # one line: the count pytest prints says "skipped" without the reason
+        terminalreporter.write_line(f"kdkit: {no_gpu} skipped for want of a CUDA GPU (they run on a GPU machine)")
     if not other:
         return
     terminalreporter.write_sep("-", f"kdkit: {sum(other.values())} skipped for another reason than no GPU")

@@ -123,9 +123,18 @@ def lab(tmp_path):
         assert server.proc.poll() is not None, "the jupyter server is still running"
 
 
+FIGURES = ".jp-OutputArea .js-plotly-plot"   # (plotly's renderer is the output element itself)
+
+
 def _titles(page) -> list[str]:
-    return page.eval_on_selector_all(".kdkit-figures .js-plotly-plot .gtitle",
-                                     "els => els.map(e => e.textContent)")
+    return page.eval_on_selector_all(f"{FIGURES} .gtitle", "els => els.map(e => e.textContent)")
+
+
+# the text of every output on the page but the widgets' (the picker lists every case file's name)
+# the figures' (their titles are checked apart) and plotly.js's (a script)
+OUTPUT_TEXTS = """() => [...document.querySelectorAll('.jp-OutputArea-output')]
+    .filter(e => !e.querySelector('.jupyter-widgets, script') && !e.classList.contains('js-plotly-plot'))
+    .map(e => e.textContent.trim()).filter(t => t)"""
 
 
 def test_replay_notebook_in_jupyterlab(lab, tmp_path):
@@ -153,21 +162,22 @@ def test_replay_notebook_in_jupyterlab(lab, tmp_path):
             picker = page.wait_for_selector(".kdkit-case select")
             page.wait_for_selector(".kdkit-backends select")
             page.wait_for_selector(".kdkit-token .slider-container, .kdkit-token .widget-slider")
-            page.wait_for_function(
-                "() => document.querySelectorAll('.kdkit-figures .js-plotly-plot').length >= 6")
+            page.wait_for_function(f"() => document.querySelectorAll('{FIGURES}').length >= 6")
             page.wait_for_function("() => document.querySelector('.kdkit-status').textContent.includes('seed-shape')")
             # heatmaps are drawn (plotly renders a heatmap as an <image> in its heatmap layer)
-            assert page.locator(".kdkit-figures .heatmaplayer image").count() >= 3
+            assert page.locator(".jp-OutputArea .heatmaplayer image").count() >= 3
             before = _titles(page)
             assert any(t.startswith("seed-shape: torch vs oracle") for t in before), before
             assert any("error along KV" in t for t in before) and any("tree and mask" in t for t in before)
-            # the last cell ran after the widgets: PASS printed, no error output anywhere
+            # the last cell ran after the figures: the verdict printed, no error output anywhere
             page.wait_for_function("() => [...document.querySelectorAll('.jp-OutputArea-output')]"
-                                   ".some(e => e.textContent.trim() === 'PASS')")
+                                   ".some(e => e.textContent.trim() === 'seed-shape: PASS')")
             assert page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
                                 ":has-text('Traceback')").count() == 0
+            texts = page.evaluate(OUTPUT_TEXTS)
+            assert any(t.startswith("case seed-shape") for t in texts) and "lint: clean" in texts, texts
             # no title runs past the right edge of its figure (they were clipped in JupyterLab)
-            clipped = page.evaluate("""() => [...document.querySelectorAll('.kdkit-figures .js-plotly-plot')]
+            clipped = page.evaluate(f"""() => [...document.querySelectorAll('{FIGURES}')]
                 .map(p => [p.querySelector('.gtitle'), p.querySelector('.main-svg')])
                 .filter(([t, s]) => t && s && t.getBoundingClientRect().right > s.getBoundingClientRect().right + 1)
                 .map(([t]) => t.textContent)""")
@@ -180,13 +190,29 @@ def test_replay_notebook_in_jupyterlab(lab, tmp_path):
             # pick another case: the figures are redrawn in place for it
             picker.select_option(label="ragged-bs4.pt")
             page.wait_for_function("() => document.querySelector('.kdkit-status').textContent.includes('ragged-bs4')")
-            page.wait_for_function("() => [...document.querySelectorAll('.kdkit-figures .js-plotly-plot .gtitle')]"
+            page.wait_for_function(f"() => [...document.querySelectorAll('{FIGURES} .gtitle')]"
                                    ".some(e => e.textContent.startsWith('ragged-bs4: torch vs oracle'))")
             after = _titles(page)
             assert after != before and all("seed-shape" not in t for t in after), after
             # the ragged batch's request boundaries on the token axis of the heatmap
-            assert page.locator(".kdkit-figures .annotation-text:text-is('r3')").count() >= 1
+            assert page.locator(".jp-OutputArea .annotation-text:text-is('r3')").count() >= 1
             shots.append(tmp_path / "replay-ragged-bs4.png")
+            page.evaluate(top)
+            page.screenshot(path=str(shots[-1]), full_page=False)
+
+            # one case on the whole page: after picking a failing case every verdict on it is that
+            # case's (the lint and PASS cells kept the first case's before issue 33)
+            picker.select_option(label="failures/mask-indptr-sliced.pt")
+            page.wait_for_function("() => document.querySelector('.kdkit-status').textContent.includes('mask-indptr-sliced')")
+            page.wait_for_function(f"() => ({OUTPUT_TEXTS})().some(t => t.includes('mask-indptr-sliced: FAIL'))")
+            texts = page.evaluate(OUTPUT_TEXTS)
+            stale = [t for t in texts if "seed-shape" in t or "ragged-bs4" in t or t == "lint: clean"
+                     or t.endswith(": PASS")]
+            assert not stale, stale
+            assert any(t.startswith("case failure-mask-indptr-sliced") for t in texts), texts
+            assert any("ERROR mask-indptr-sliced [mask_indptr]" in t for t in texts), texts
+            assert all("ragged-bs4" not in t and "seed-shape" not in t for t in _titles(page)), _titles(page)
+            shots.append(tmp_path / "replay-mask-indptr-sliced.png")
             page.evaluate(top)
             page.screenshot(path=str(shots[-1]), full_page=False)
         except Exception as e:  # what the page showed, and what the server said
@@ -203,3 +229,74 @@ def test_replay_notebook_in_jupyterlab(lab, tmp_path):
     except OSError:
         pass
     assert all(s.stat().st_size > 10_000 for s in shots)
+
+
+def test_exported_replay_notebook_draws_its_figures_offline(tmp_path):
+    """`jupyter nbconvert --execute --to html notebooks/replay.ipynb` (the defaults: the explorer)
+    opened from disk in Chromium, with no network: every figure is drawn (issue 33: none were)."""
+    from playwright.sync_api import sync_playwright
+
+    run = subprocess.run([sys.executable, "-m", "jupyter", "nbconvert", "--execute", "--to", "html",
+                          str(ROOT / "notebooks" / "replay.ipynb"), "--output-dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))))
+    assert run.returncode == 0, run.stderr[-3000:]
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            # the page's require.js and MathJax links (nbconvert's template) go nowhere: refused here
+            # as on a machine without a network
+            page.route("http*://**", lambda route: route.abort())
+            page.goto((tmp_path / "replay.html").as_uri(), timeout=RUN_S * 1000)
+            page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= 6",
+                                   timeout=RUN_S * 1000)
+            titles = page.eval_on_selector_all(".js-plotly-plot .gtitle", "els => els.map(e => e.textContent)")
+            assert len(titles) == 6 and all(t.startswith("seed-shape") for t in titles), titles
+            assert page.locator(".heatmaplayer image").count() >= 3
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "replay-exported.png"), full_page=False)
+        finally:
+            browser.close()
+
+
+def test_report_folder_offline_every_figure_drawn_no_text_overflows(tmp_path):
+    """`kdkit report DIR -o OUT` opened from disk with no network: the pages load the one shared
+    plotly.js, every figure is drawn, a refused case shows its index arrays with the lint's
+    finding, no text box runs past its edge, the index cuts no word (issue 33)."""
+    from playwright.sync_api import sync_playwright
+
+    from kdkit.cli import main
+    src = tmp_path / "cases"
+    src.mkdir()
+    shutil.copy(ROOT / "data" / "captured_tensors" / "seed-shape.pt", src / "seed-shape.pt")
+    for name in ("mask-indptr-sliced", "prefix-only-kv-indices"):
+        shutil.copy(ROOT / "data" / "captured_tensors" / "failures" / f"{name}.pt", src / f"{name}.pt")
+    out = tmp_path / "out"
+    assert main(["report", str(src), "-o", str(out), "--backends", "oracle,torch"]) == 1
+    overflow = """() => [...document.querySelectorAll('pre, td, li, p')]
+        .filter(e => e.scrollWidth > e.clientWidth + 1).map(e => e.textContent.slice(0, 80))"""
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page(viewport={"width": 1000, "height": 900})
+            page.route("http*://**", lambda route: route.abort())
+            page.goto((out / "index.html").as_uri())
+            assert page.evaluate(overflow) == []
+            fails = page.eval_on_selector_all("td.fail", "els => els.map(e => e.textContent)")
+            assert len(fails) == 2 and all(" ..." in t or "..." not in t for t in fails), fails
+            for html, figs, lint in (("seed-shape.html", 6, None),
+                                     ("failure-mask-indptr-sliced.html", 1, "mask-indptr-sliced"),
+                                     ("failure-prefix-only-kv-indices.html", 1, "prefix-only-kv-indices")):
+                page.goto((out / html).as_uri())
+                page.wait_for_function(f"() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= {figs}")
+                titles = page.eval_on_selector_all(".js-plotly-plot .gtitle", "els => els.map(e => e.textContent)")
+                assert len(titles) == figs, titles
+                if lint:
+                    assert "the index arrays against" in titles[0] and f"lint: {lint}" in titles[0], titles
+                    assert page.locator(".js-plotly-plot .bars path").count() > 0      # bars, not an empty axis
+                assert page.evaluate(overflow) == [], html
+                ARTIFACTS.mkdir(parents=True, exist_ok=True)
+                page.screenshot(path=str(ARTIFACTS / f"report-{html[:-5]}.png"), full_page=True)
+        finally:
+            browser.close()

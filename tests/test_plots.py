@@ -254,6 +254,8 @@ def test_bench_figures_read_at_small_fractions():
     lines = plots.nsplit_lines(results)
     assert lines.layout.yaxis.type == "log"
     assert [s.y0 for s in lines.layout.shapes] == [results["copy_gbps"]]
+    lo, hi = lines.layout.yaxis.range                                       # the roof and its label in view
+    assert lo < np.log10(results["copy_gbps"]) < hi - 0.1
     assert any(f"copy {results['copy_gbps']:.0f} GB/s" in a.text for a in lines.layout.annotations)
     summary = bench_results.summary(results, bs=1, q_len=9, heads=8)
     ratios = [r["auto_over_best"] for r in summary if r["auto_over_best"] is not None]
@@ -305,3 +307,22 @@ def test_report_figures_of_a_case_without_query_rows():
     rep = replay(c, ["torch"])
     figs = plots.replay_figures(c, rep)
     assert "metrics" in figs and "tree" not in figs
+
+
+@pytest.mark.parametrize("name, panel", [("mask-indptr-sliced", "mask block start (mask_indptr)"),
+                                         ("prefix-only-kv-indices", "KV length (kv_indptr)")])
+def test_a_case_the_lint_refuses_draws_its_index_arrays_not_an_empty_chart(name, panel):
+    """Issue 33: the report of a mis-marshaled case had one empty chart (no backend judged). Now
+    its index arrays against the layout, the values that differ in red, the lint's code named."""
+    from conftest import bundled_path
+    from kdkit.case import load
+    case = load(bundled_path(name))
+    rep = replay(case, ["oracle", "torch"])
+    figs = plots.replay_figures(case, rep)
+    assert list(figs) == ["layout"]
+    fig = figs["layout"]
+    assert f"lint: {name} [" in fig.layout.title.text
+    ax = next(a for a in fig.layout.annotations if a.text == panel)   # the subplot with the bug
+    col = 1 + [a.text for a in fig.layout.annotations if a.text.endswith(")")].index(panel)
+    said = [t for t in fig.data if t.name == "the case says"][col - 1]
+    assert plots.FAIL_COLOR in list(said.marker.color), (ax.text, said.marker.color)

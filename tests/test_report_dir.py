@@ -28,7 +28,7 @@ def test_report_over_a_directory(capsys, tmp_path):
     assert rc == 1                                             # the failure case fails
     assert f"reports: {out / 'index.html'} (2 case pages, 0 not replayed)" in text
     pages = sorted(p.name for p in out.iterdir())
-    assert pages == ["failure-mask-indptr-sliced.html", "index.html", "seed-shape.html"]
+    assert pages == ["failure-mask-indptr-sliced.html", "index.html", "plotly.min.js", "seed-shape.html"]
     index = (out / "index.html").read_text()
     rows = re.findall(r"<tr><td>(.*?)</tr>", index, re.S)
     assert len(rows) == 2 and "1 of 2 cases pass" in index
@@ -37,8 +37,9 @@ def test_report_over_a_directory(capsys, tmp_path):
     bad = next(r for r in rows if "mask-indptr-sliced" in r)
     assert "FAIL" in bad and "mask-indptr-sliced" in bad
     page = (out / "seed-shape.html").read_text()
-    # each page opens offline on its own: plotly.js inlined once, no external script, all figures
-    assert page.count("window.PlotlyConfig") == 1 and "<script src=" not in page
+    # the pages share the one plotly.js beside them (offline: a relative src), none inlines it
+    assert re.findall(r'<script src="([^"]+)"', page) == ["plotly.min.js"]
+    assert "window.PlotlyConfig" not in page and (out / "plotly.min.js").stat().st_size > 1_000_000
     assert page.count("Plotly.newPlot") == 6 and 'href="index.html"' in page
     assert "error along KV" in page and "tree and mask" in page
     # a second run keeps the first one's files (timestamped names) unless --force
@@ -46,9 +47,47 @@ def test_report_over_a_directory(capsys, tmp_path):
     assert main(["report", str(src / "seed-shape.pt"), "-o", str(out)]) == 0
     assert (out / "seed-shape.html").read_bytes() == before
     assert len(list(out.glob("index-*.html"))) == 1 and len(list(out.glob("seed-shape-*.html"))) == 1
+    assert [p.name for p in out.glob("plotly*.js")] == ["plotly.min.js"]      # the same copy, kept once
+
+
+def test_report_folder_is_light(tmp_path):
+    """Issue 33: ten pages of 5 MB each (plotly.js inlined in every one). Now one copy is shared:
+    the bundled cases' whole folder measured 7.0 MB (the 8k-prefix pages weigh 0.8 MB of figure
+    data); here four cases, each page far below plotly.js's own size."""
+    src = tmp_path / "cases"
+    src.mkdir()
+    for name in ("seed-shape", "ragged-bs4", "ddtree-b64"):
+        shutil.copy(DATA / f"{name}.pt", src / f"{name}.pt")
+    shutil.copy(DATA / "failures" / "mask-indptr-sliced.pt", src / "mask-indptr-sliced.pt")
+    out = tmp_path / "out"
+    assert main(["report", str(src), "-o", str(out), "--backends", "oracle,torch"]) == 1
+    sizes = {p.name: p.stat().st_size for p in out.iterdir()}
+    js = sizes.pop("plotly.min.js")
+    assert all(n < 1_000_000 for n in sizes.values()), sizes
+    assert js + sum(sizes.values()) < 15 * 2**20 / 2
+
+
+def test_a_single_page_report_stays_self_contained(tmp_path):
+    target = tmp_path / "one.html"
+    assert main(["replay", str(DATA / "seed-shape.pt"), "--backends", "oracle,torch", "--report", str(target)]) == 0
+    page = target.read_text()
+    assert page.count("window.PlotlyConfig") == 1 and "<script src=" not in page
+    assert page.count("Plotly.newPlot") == 6 and not (tmp_path / "plotly.min.js").exists()
 
 
 def test_report_one_case_still_writes_one_file(capsys, tmp_path):
     target = tmp_path / "one.md"
     assert main(["report", str(DATA / "seed-shape.pt"), "-o", str(target), "--backends", "oracle"]) == 1  # nothing judged
     assert target.read_text().startswith("# kdkit replay report")
+
+
+def test_the_results_table_has_a_legend(tmp_path):
+    """Issue 33: limit, nearest, production were not explained where they were printed."""
+    target = tmp_path / "one.md"
+    assert main(["report", str(DATA / "seed-shape.pt"), "-o", str(target), "--backends", "oracle,torch"]) == 0
+    text = target.read_text()
+    legend = text.split("### Backends")[1]
+    for col in ("status", "max_abs", "rel", "lse_err", "limit", "nearest", "time"):
+        assert re.search(rf"^{col} +\S", legend, re.M), col
+    assert "oracle's own row is the reference" in legend and "docs/judge.md" in legend
+    assert "no production path was asked for" in legend
