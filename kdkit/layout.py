@@ -132,3 +132,35 @@ def draft_visibility(case: Case, b: int) -> torch.Tensor:
         raise ValueError(f"custom_mask: request {b} needs {n}x{p + n} entries from offset {start}, "
                          f"only {blk.numel()} left; run `kdkit inspect` for the marshaling lint")
     return blk.reshape(n, p + n)[:, p:].bool()
+
+
+def _at(t: torch.Tensor | None, i: int):
+    """t[i] as an int, or None where the array is missing or too short (a broken capture)."""
+    if t is None or i < 0 or i >= t.numel():
+        return None
+    return int(t[i])
+
+
+def request_rows(case: Case) -> list[dict]:
+    """Per request: q_len, prefix, KV length, mask block, and what the layout says they should be.
+
+    Reads the index arrays defensively: a case that loads may still have a mask_indptr or kv_indptr
+    of the wrong length (the seed's bugs); those entries show as None, for lint to explain.
+    """
+    rows = []
+    bs = case.batch_size
+    for b in range(bs):
+        q_len = _at(case.qo_indptr, b + 1) - _at(case.qo_indptr, b)
+        prefix = _at(case.prefix_lens, b)
+        ks, ke = _at(case.kv_indptr, b), _at(case.kv_indptr, b + 1)
+        kv_len = None if ks is None or ke is None else ke - ks
+        kv_want = kv_indices_len(case.layout, prefix, q_len)
+        row = {"b": b, "q_len": q_len, "prefix": prefix, "kv_len": kv_len, "kv_expected": kv_want,
+               "mask_start": None, "mask_len": None, "mask_expected": None}
+        if case.custom_mask is not None:
+            ms, me = _at(case.mask_indptr, b), _at(case.mask_indptr, b + 1)
+            row["mask_start"] = ms
+            row["mask_len"] = None if ms is None or me is None else me - ms
+            row["mask_expected"] = q_len * (prefix + q_len)  # q_len x (prefix + q_len), row-major
+        rows.append(row)
+    return rows

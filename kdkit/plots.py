@@ -22,7 +22,7 @@ from plotly.subplots import make_subplots
 from .judge import oracle as _oracle
 from . import trees as _trees
 from .judge.compare import Metrics, Verdict
-from .layout import request_kv
+from .layout import request_kv, request_rows
 
 PREFIX_BINS = 128    # a prefix wider than this is drawn as bins (SGLang sees every prefix column)
 TITLE_SIZE = 15      # px; the detail line is drawn smaller (<sup>)
@@ -330,7 +330,6 @@ def layout_check(case, findings=()) -> go.Figure:
     length (kv_indptr) and the mask block (mask_indptr: its start and its length), a value that
     differs in red, the lint's errors named: the picture of a mis-marshaled case, whose inputs the
     oracle cannot read (so there is no error to draw)."""
-    from .report import request_rows
     rows = request_rows(case)
     bs = [f"r{r['b']}" for r in rows]
     implied_start = np.concatenate([[0], np.cumsum([r["mask_expected"] or 0 for r in rows])[:-1]]).tolist()

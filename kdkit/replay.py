@@ -70,7 +70,9 @@ class ReplayReport:
         rows = []
         for r in self.rows:
             m = r.verdict.metrics if r.verdict else None
-            rows.append([r.backend, r.status,
+            # the reference is not judged against itself: its row says what it is, not "pass"
+            status = "reference" if r.backend == self.against and r.status == "pass" else r.status
+            rows.append([r.backend, status,
                          e(m and m.max_abs), e(m and m.mean_abs), e(m and m.rel), e(m and m.cos_dist),
                          e(m.lse_max_abs if m else None), e(r.verdict.limit if r.verdict else None),
                          _nearest(r.verdict), _fmt_time(r.seconds) if r.status in ("pass", "fail") else "-"])

@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 from .case import TENSOR_FIELDS, Case
-from .constants import KV_INDICES_COVER, kv_indices_len
+from .constants import KV_INDICES_COVER
+from .layout import request_rows
 from .files import publish
 
 FORMATS = {".md": "markdown", ".html": "html", ".htm": "html"}
@@ -43,38 +44,6 @@ def _table(header: list[str], rows: list[list], right: bool = True) -> str:
     from tabulate import tabulate
     align = "right" if right else "left"
     return tabulate(rows, header, tablefmt="simple", disable_numparse=True, stralign=align, numalign=align)
-
-
-def _at(t: torch.Tensor | None, i: int):
-    """t[i] as an int, or None where the array is missing or too short (a broken capture)."""
-    if t is None or i < 0 or i >= t.numel():
-        return None
-    return int(t[i])
-
-
-def request_rows(case: Case) -> list[dict]:
-    """Per request: q_len, prefix, KV length, mask block, and what the layout says they should be.
-
-    Reads the index arrays defensively: a case that loads may still have a mask_indptr or kv_indptr
-    of the wrong length (the seed's bugs); those entries show as None, for lint to explain.
-    """
-    rows = []
-    bs = case.batch_size
-    for b in range(bs):
-        q_len = _at(case.qo_indptr, b + 1) - _at(case.qo_indptr, b)
-        prefix = _at(case.prefix_lens, b)
-        ks, ke = _at(case.kv_indptr, b), _at(case.kv_indptr, b + 1)
-        kv_len = None if ks is None or ke is None else ke - ks
-        kv_want = kv_indices_len(case.layout, prefix, q_len)
-        row = {"b": b, "q_len": q_len, "prefix": prefix, "kv_len": kv_len, "kv_expected": kv_want,
-               "mask_start": None, "mask_len": None, "mask_expected": None}
-        if case.custom_mask is not None:
-            ms, me = _at(case.mask_indptr, b), _at(case.mask_indptr, b + 1)
-            row["mask_start"] = ms
-            row["mask_len"] = None if ms is None or me is None else me - ms
-            row["mask_expected"] = q_len * (prefix + q_len)  # q_len x (prefix + q_len), row-major
-        rows.append(row)
-    return rows
 
 
 def _mark(val, want) -> str:
@@ -245,7 +214,9 @@ def _why_bad(row, width: int = 120) -> str:
     short line."""
     why = " ".join(str(getattr(row, "reason", "") or "").split())
     if len(why) > width:  # cut between words: "kdkit inspect" cut to "kdkit insp..." read as a typo
-        why = why[:width - 4].rsplit(" ", 1)[0] + " ..."
+        head = why[:width - 4]
+        # (a single word longer than the room is cut inside it: dropping it would drop the reason)
+        why = (head.rsplit(" ", 1)[0] if " " in head[width // 2:] else head) + " ..."
     return f"{row.backend} ({row.status}{': ' + why if why else ''})"
 
 
@@ -530,6 +501,6 @@ def write_report_dir(reports, out_dir: str | os.PathLike, sources: list | None =
     return index
 
 
-__all__ = ["describe_case", "request_rows", "lint_line", "machine", "write_report", "write_report_dir", "free_path", "page_stem",
+__all__ = ["describe_case", "lint_line", "machine", "write_report", "write_report_dir", "free_path", "page_stem",
            "report_figures", "rows_of", "outcome",
            "render_markdown", "render_html", "skipped", "failed"]

@@ -208,7 +208,7 @@ def test_outcome_line_says_why_each_backend_failed():
                                 Row("cuda", "error", None, 0.0, reason="RuntimeError: " + "x" * 300)])
     ok, line = report.outcome(rep)
     assert not ok and line.startswith("2 backend(s) failed: torch (fail: ulp_row 3.1 > 2.0 (2x production)), cuda (error: RuntimeError: x")
-    assert "\n" not in line and len(line) < 250 and line.endswith("...)")
+    assert "\n" not in line and len(line) < 250 and line.endswith(" ...)")
     assert report.outcome(SimpleNamespace(rows=[Row("oracle", "pass", None, 0.0),
                                                 Row("torch", "pass", None, 0.0)])) == (True, "pass")
     # nothing judged is no pass (an audit's: a CPU replay of --backends cuda read PASS)

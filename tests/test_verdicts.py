@@ -79,3 +79,36 @@ def test_a_non_finite_error_is_valid_json(replayed, tmp_path):
     finally:
         v.metrics.max_abs = old
     assert next(r for r in data["rows"] if r["backend"] == "torch")["max_abs"] == "inf"
+
+
+def test_replay_writes_junit_and_json_and_ends_with_the_summary(tmp_path, capsys):
+    """Issue 33's check: `kdkit replay CASES --backends oracle,torch --allow-skip --junit j.xml
+    --json r.json`: one test case per (case, backend), failures where the command says FAIL, and the
+    summary as the output's last line."""
+    import json
+    import xml.etree.ElementTree as ET
+
+    from conftest import DATA
+    from kdkit.cli import main
+    cases = [DATA / "seed-shape.pt", DATA / "ragged-bs4.pt", DATA / "failures" / "mask-indptr-sliced.pt"]
+    rc = main(["replay", *map(str, cases), "--backends", "oracle,torch", "--allow-skip",
+               "--junit", str(tmp_path / "j.xml"), "--json", str(tmp_path / "r.json")])
+    out = capsys.readouterr().out
+    assert rc == 1
+    last = out.strip().splitlines()[-1]
+    assert last == "2 of 3 cases passed; failing: failure-mask-indptr-sliced", last
+    tcs = list(ET.parse(tmp_path / "j.xml").getroot().iter("testcase"))
+    assert sorted((t.get("classname"), t.get("name")) for t in tcs) == sorted(
+        (c, b) for c in ("seed-shape", "ragged-bs4", "failure-mask-indptr-sliced") for b in ("oracle", "torch"))
+    bad = {t.get("classname") for t in tcs if t.find("failure") is not None or t.find("error") is not None}
+    assert bad == {"failure-mask-indptr-sliced"}
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["summary"] == last and data["passed"] == 2 and data["total"] == 3
+
+
+def test_a_result_file_that_is_a_folder_is_refused_before_work(tmp_path, capsys):
+    from conftest import DATA
+    from kdkit.cli import main
+    rc = main(["replay", str(DATA / "seed-shape.pt"), "--junit", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "--junit" in err

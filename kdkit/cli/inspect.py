@@ -19,12 +19,15 @@ def run(args) -> int:
     Exit 1 if the lint finds errors, 2 if a file cannot be loaded as a case."""
     from .. import lint, report
     rc = EXIT_OK
-    for i, path in enumerate(case_files(args.cases)):
+    files = case_files(args.cases)
+    refused, unloadable = [], []
+    for i, path in enumerate(files):
         if i:
             print()
         case = load_case(path, args.allow_nonfinite)
         if case is None:
             rc = EXIT_BAD_INPUT
+            unloadable.append(path.stem)
             continue
         print(report.describe_case(case, path))
         findings = lint.check(case)
@@ -32,4 +35,10 @@ def run(args) -> int:
         print(lint.format_findings(findings))
         if any(f.severity == "error" for f in findings):
             rc = max(rc, EXIT_PROBLEM)
+            refused.append(case.case_id)
+    if len(files) > 1:  # many cases: the last line says how they fared
+        clean = len(files) - len(refused) - len(unloadable)
+        print(f"\n{clean} of {len(files)} cases lint clean"
+              + (f"; lint errors: {', '.join(refused)}" if refused else "")
+              + (f"; not loaded: {', '.join(unloadable)}" if unloadable else ""))
     return rc

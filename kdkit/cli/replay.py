@@ -66,6 +66,13 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
                         "skip exits 1: it was not tested)")
     p.add_argument("--force", action="store_true",
                    help="overwrite an existing report instead of writing NAME-YYYYmmdd-HHMMSS.html beside it")
+    # CI dashboards' formats; each run's, so replaced on every run
+    p.add_argument("--junit", metavar="PATH", type=Path,
+                   help="also write a JUnit XML file: one test case per (case, backend), the verdict line as "
+                        "a failure's text (replaced on each run; default: none)")
+    p.add_argument("--json", metavar="PATH", type=Path,
+                   help="also write the verdicts as JSON: the summary, per case, per (case, backend) "
+                        "(replaced on each run; default: none)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -191,7 +198,30 @@ def replay_all(args, files: list[Path]) -> Replayed:
             done.cases.append(case)
     finally:
         bar.close()
+    if done.reports:  # what the table's columns mean, once after every case's table
+        print("\n" + report.table_legend(done.reports[-1]))
     return done
+
+
+def check_result_files(args) -> None:
+    """--junit / --json name files, not folders: BadInput before any work."""
+    for flag, path in (("--junit", args.junit), ("--json", args.json)):
+        if path is not None and path.is_dir():
+            raise BadInput(f"{flag} {path}: a directory; give a file name (e.g. {path / ('kdkit.' + flag[2:])})")
+
+
+def finish(done: Replayed, args) -> None:
+    """After every case: the result files CI reads, then the summary as the output's last line."""
+    from .. import verdicts
+    if not done.reports and not done.stopped:  # nothing was replayed (--against cannot run): said already
+        return
+    for flag, path, write in (("junit", args.junit, verdicts.write_junit), ("json", args.json, verdicts.write_json)):
+        if path is not None:
+            try:
+                print(f"{flag}: {write(path, done.reports, done.sources, done.stopped)}")
+            except OSError as e:
+                raise BadInput(f"{path}: not written ({e})")
+    print(verdicts.summary_line(done.reports, done.stopped))
 
 
 def write_one(done: Replayed, out: Path, force: bool) -> int:
@@ -217,7 +247,10 @@ def run(args) -> int:
     from ..report import FORMATS
     if args.report:
         check_out(args.report, FORMATS)
+    check_result_files(args)
     done = replay_all(args, usable_cases(args.cases))
+    rc = done.rc
     if args.report:
-        return max(done.rc, write_one(done, args.report, args.force))
-    return done.rc
+        rc = max(rc, write_one(done, args.report, args.force))
+    finish(done, args)
+    return rc

@@ -6,7 +6,8 @@ import tempfile
 from pathlib import Path
 
 from .common import EXIT_PROBLEM, BadInput, check_out, err, load_case
-from .replay import add_common_arguments, against_runs, replay_all, usable_cases, write_one
+from .replay import (add_common_arguments, against_runs, check_result_files, finish, replay_all, usable_cases,
+                     write_one)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -24,11 +25,14 @@ def run(args) -> int:
     Exit codes as replay; nothing is written when an input cannot be used."""
     from ..report import FORMATS, is_report_dir, page_stem, write_report_dir
     files = usable_cases(args.cases)
+    check_result_files(args)
     out = args.out or Path("reports") / f"{page_stem(load_case(files[0]).case_id)}.html"
     if not is_report_dir(out):
         check_out(out, FORMATS)
         done = replay_all(args, files)
-        return max(done.rc, write_one(done, out, args.force))
+        rc = max(done.rc, write_one(done, out, args.force))
+        finish(done, args)
+        return rc
     if not against_runs(args):  # before the directory is made: nothing will go in it
         return EXIT_PROBLEM
     try:
@@ -50,4 +54,5 @@ def run(args) -> int:
     if index.name != "index.html":
         print(f"note: {index.parent / 'index.html'} and the pages already there are kept; this run's files have "
               "timestamped names (--force replaces them)")
+    finish(done, args)
     return done.rc
