@@ -42,3 +42,29 @@ def test_export_writes_a_trace_folder_and_refuses_a_mis_marshaled_case(tmp_path,
     rc, _, err = run(capsys, "export", "--flashinfer-trace", tmp_path / "t2", DATA / "failures")
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "mis-marshaled" in err
     assert not (tmp_path / "t2").exists()
+
+
+def _nvrtc_or_skip():
+    import pytest
+
+    from kdkit.kernel import builds
+    if builds.supported_archs()["nvrtc"] is None:
+        pytest.skip("NVRTC is not installed (kdkit's 'compile' extra)")
+
+
+def test_compile_reports_a_users_cuda_kernel_and_its_compiler_errors(tmp_path, capsys):
+    """`kdkit compile --backend SPEC`: the CUDA starter built for sm_120 without a GPU, its
+    resources within the limits (exit 0); a syntax error is the compiler's own line pointing at the
+    user's file and line (exit 2)."""
+    _nvrtc_or_skip()
+    assert run(capsys, "new-kernel", tmp_path / "k", "--lang", "cuda", "--name", "kd_cli_cu")[0] == 0
+    spec = tmp_path / "k" / "kd_cli_cu" / "backend.py"
+    rc, out, err = run(capsys, "compile", "--backend", spec, "--arch", "sm_120")
+    assert rc == 0, err
+    assert "kd_cli_cu, sm_120:" in out and "kd_cli_cu_partial" in out and "kd_cli_cu_merge" in out
+    cu = tmp_path / "k" / "kd_cli_cu" / "kernel.cu"
+    lines = cu.read_text().splitlines()
+    lines.insert(3, "this is not CUDA;")
+    cu.write_text("\n".join(lines) + "\n")
+    rc, out, err = run(capsys, "compile", "--backend", spec, "--arch", "sm_120")
+    assert rc == 2 and f"{cu}(4): error" in err.splitlines()[0], err

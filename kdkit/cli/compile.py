@@ -19,6 +19,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"planner may choose ({', '.join(map(str, row_choices()))})")
     p.add_argument("--mutant", default=None, choices=sorted(MUTANTS),
                    help="a deliberately wrong build (negative control) instead of the kernel (default: none)")
+    p.add_argument("--backend", default=None, metavar="SPEC",
+                   help="a backend's kernel instead of kdkit's: a name, package.module:attr or path/to/file.py[:attr] "
+                        "whose backend reports resources(arch) (kdkit.byok.cuda's CudaKernel does) (default: none)")
     p.add_argument("--sass", default=None, metavar="DIR",
                    help="also write each build's SASS to DIR/<build key>.sass (nvdisasm: the compile extra's "
                         "nvidia-cuda-nvdisasm) and print its instruction counts per kernel (default: none)")
@@ -45,6 +48,8 @@ def run(args) -> int:
     if limits["nvrtc"] is None:
         err("NVRTC is not installed: `pip install cuda-bindings nvidia-cuda-nvrtc` (kdkit's 'compile' extra)")
         return EXIT_PROBLEM
+    if args.backend is not None:
+        return backend_resources(args.backend, archs)
     if args.sass is not None:
         from ..kernel import sass
         try:
@@ -93,3 +98,32 @@ def write_sass(folder: Path, arch: str, config) -> int:
         print(f"  SASS {name}: {sass.summary(counts)}")
     print(f"  SASS in {path}")
     return EXIT_OK
+
+
+def backend_resources(spec: str, archs: list[str]) -> int:
+    """A user's kernel built for each arch without a GPU, its resources against the arch's limits:
+    exit 1 on a breach; a kernel that does not compile prints the compiler's own lines (they point
+    at the user's file and line) and exits 2."""
+    from .. import backends
+    from ..kernel import jit
+    try:
+        (name,) = backends.resolve(spec)
+        b = backends.get(name)
+    except ValueError as e:
+        raise BadInput(f"--backend {e}") from None
+    if not callable(getattr(b, "resources", None)):
+        raise BadInput(f"--backend {spec}: {name} reports no resources(arch) (a CUDA kernel through "
+                       "kdkit.byok.cuda.CudaKernel does; a Triton kernel is compiled by Triton when it runs)")
+    worst = EXIT_OK
+    for arch in archs:
+        try:
+            rep = b.resources(arch)
+        except jit.BuildError as e:  # the compiler's own lines, pointing at the user's source
+            raise BadInput(str(e).strip()) from None
+        print(f"{name}, {arch}:")
+        print(rep.table())
+        if rep.breaches():
+            for line in rep.breaches():
+                err(f"{name} {arch}: {line}")
+            worst = EXIT_PROBLEM
+    return worst
