@@ -444,7 +444,7 @@ def _splits(text: str) -> list[int]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """`kdkit bench`'s options (the CLI declares them on its subcommand)."""
     default = ",".join(_backends.benched())
-    p.add_argument("--quick", action="store_true", help="the nine shapes of the README table (24 s on an H200 with the builds compiled)")
+    p.add_argument("--quick", action="store_true", help="the README table's shapes, at H 8 and H 16 (the bench-quick set of kdkit/shapes.json)")
     p.add_argument("--backends", type=_names, default=default,
                    help=f"comma list of the registry's backends ({', '.join(_backends.BACKENDS)}) or 'all'")
     p.add_argument("--nsplit", type=_splits, default=",".join(map(str, NSPLITS)),
