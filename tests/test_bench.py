@@ -263,8 +263,8 @@ def test_readme_performance_table_is_the_committed_run():
     res = json.loads(README_RUN.read_text())
     text = PERF_DOC.read_text()
     assert README_RUN.name in text.split("# Performance", 1)[1].split("\n\n", 2)[1]
-    table = text.split("| bs x prefix, q_len | roofline |", 1)[1].split("\n\n", 1)[0]
-    got = ("| bs x prefix, q_len | roofline |" + table).splitlines()
+    table = text.split("| bs x prefix, q_len, H | roofline |", 1)[1].split("\n\n", 1)[0]
+    got = ("| bs x prefix, q_len, H | roofline |" + table).splitlines()
     want = bench.readme_table(res).splitlines()
     assert len(want) == 2 + 9
     for g, w in zip(got, want, strict=True):
@@ -363,8 +363,8 @@ def test_readme_table_rounds_once_and_marks_the_automatic_choice():
                  row("cuda", prefix, fixed_us, nsplit=32),
                  row("triton_sglang", prefix, 183.6), row("triton_decode", prefix, 25.46), row("torch", prefix, 1469.2)]
     lines = bench.readme_table({"rows": rows}).splitlines()
-    assert lines[2] == "| 1 x 21, 9 | 0.04 us | 6.15 us (0.6%) | 7.65 us | 7.65 (auto 11) | 184 us | 25.5 us | 1469 us |"
-    assert lines[3] == "| 1 x 1K, 9 | 0.04 | 14.5 (0.3%) | 16.0 | 14.6 (32; auto 11) | 184 | 25.5 | 1469 |"
+    assert lines[2] == "| 1 x 21, 9, 8 | 0.04 us | 6.15 us (0.6%) | 7.65 us | 7.65 (auto 11) | - | 184 us | 25.5 us | 1469 us |"
+    assert lines[3] == "| 1 x 1K, 9, 8 | 0.04 | 14.5 (0.3%) | 16.0 | 14.6 (32; auto 11) | - | 184 | 25.5 | 1469 |"
 
 
 def test_a_run_cut_short_keeps_the_shapes_it_measured(tmp_path, monkeypatch, capsys):

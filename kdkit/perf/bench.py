@@ -357,8 +357,11 @@ def summary(res: dict) -> str:
 
 
 _PREFIX_TEXT = {21: "21", 1024: "1K", 4096: "4K", 8192: "8K", 32768: "32K", 131072: "128K"}
-README_HEAD = ("| bs x prefix, q_len | roofline | kdkit, graph replay | kdkit, eager | best fixed NSPLIT (eager) "
-               "| Triton extend | Triton decode per node | torch eager |\n|---|---|---|---|---|---|---|---|")
+README_HEAD = ("| bs x prefix, q_len, H | roofline | kdkit, graph replay | kdkit, eager | best fixed NSPLIT (eager) "
+               "| FlashInfer fa2 MLA, graph replay (causal draft) | Triton extend | Triton decode per node | torch eager |"
+               "\n|---|---|---|---|---|---|---|---|---|")
+HOST_HEAD = ("| bs x prefix, q_len, H | kdkit run(), host | kdkit eager call, host in view | kdkit plan(), host "
+             "| FlashInfer run(), host |\n|---|---|---|---|---|")
 
 
 def _fig(x: float) -> str:
@@ -366,13 +369,23 @@ def _fig(x: float) -> str:
     return f"{x:.0f}" if x >= 100 else f"{x:.1f}" if x >= 10 else f"{x:.2f}"
 
 
+def _shape_cell(bs, prefix, q_len, heads) -> str:
+    return f"{bs} x {_PREFIX_TEXT.get(prefix, prefix)}, {q_len}, {heads}"
+
+
+def _frac(r: dict) -> str:
+    return f"{_fig(r['us'])} ({100 * r['roofline_frac']:.1f}%)"
+
+
 def readme_table(res: dict) -> str:
-    """The README's Performance table (markdown) for a `--quick` run, a row per shape in the run's
+    """The performance page's table (markdown) for a `--quick` run, a row per shape in the run's
     order: the roofline, kdkit under graph replay (with its roofline fraction) and eager at the
     automatic NSPLIT, the best fixed NSPLIT ("(auto N)" where the automatic choice beat every fixed
-    one, else "(N; auto M)"), and the three other backends; the first row's times carry "us"."""
+    one, else "(N; auto M)"), FlashInfer's fa2 MLA under graph replay
+    (its fraction; it takes no tree mask, so it ran the shape with a causal draft), and the three
+    other backends; the first row's times carry "us"."""
     lines = [README_HEAD]
-    for i, ((bs, prefix, q_len, _), rs) in enumerate(_by_shape(res).items()):
+    for i, (shape, rs) in enumerate(_by_shape(res).items()):
         u = " us" if i == 0 else ""
         cuda = [r for r in rs if r["backend"] == "cuda" and not _results.failed(r)]
         auto = next(r for r in cuda if r["nsplit_auto"] and not r["graph"])
@@ -380,11 +393,27 @@ def readme_table(res: dict) -> str:
         fixed = min((r for r in cuda if not r["nsplit_auto"] and not r["graph"]), key=lambda r: r["us"], default=None)
         best = (f"{_fig(fixed['us'])} ({fixed['nsplit']}; auto {auto['nsplit']})" if fixed and fixed["us"] < auto["us"]
                 else f"{_fig(auto['us'])} (auto {auto['nsplit']})")
+        fi = next((r for r in rs if r["backend"] == "flashinfer_mla" and r["graph"]), None) or _main_row(rs, "flashinfer_mla")
         other = [_main_row(rs, b) for b in ("triton_sglang", "triton_decode", "torch")]
-        cells = [f"{bs} x {_PREFIX_TEXT.get(prefix, prefix)}, {q_len}", _fig(rs[0]["floor_us"]) + u,
-                 f"{_fig(graph['us'])}{u} ({100 * graph['roofline_frac']:.1f}%)", _fig(auto["us"]) + u, best,
+        cells = [_shape_cell(*shape[:3], shape[3] or 8), _fig(rs[0]["floor_us"]) + u, f"{_fig(graph['us'])}{u} "
+                 f"({100 * graph['roofline_frac']:.1f}%)", _fig(auto["us"]) + u, best,
+                 "-" if fi is None else "FAIL" if _results.failed(fi) else _frac(fi),
                  *("-" if r is None else "FAIL" if _results.failed(r) else _fig(r["us"]) + u for r in other)]
         lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def host_table(res: dict) -> str:
+    """The host cost of one call per shape (microseconds), as the bench measures it: kdkit's
+    run() (host_us: launches queued behind a GPU sleep), its eager call with that host work in view
+    (eager_us: flush, call, events), its plan() (plan_us), and FlashInfer's run() beside it."""
+    def cell(r, k):
+        return "-" if r is None or r.get(k) is None else _fig(r[k])
+    lines = [HOST_HEAD]
+    for shape, rs in _by_shape(res).items():
+        k, fi = _main_row(rs, "cuda"), _main_row(rs, "flashinfer_mla")
+        lines.append("| " + " | ".join([_shape_cell(*shape[:3], shape[3] or 8), cell(k, "host_us"), cell(k, "eager_us"),
+                                        cell(k, "plan_us"), cell(fi, "host_us")]) + " |")
     return "\n".join(lines)
 
 
