@@ -4,11 +4,12 @@ CPU (NVRTC only): the starter builds for sm_120 within its limits; a compile err
 user's file and line; an edited file (or header) is a new build; the backend meets the contract;
 declarations that disagree with the kernel are refused at build time. GPU (marker gpu): the
 starter passes kdkit's judge against the oracle on every bundled case and every probe, at several
-split counts; a copy with the tree mask ignored fails it; plan/run under a CUDA graph; bad input
+split counts; a copy with the tree mask ignored fails it; the live pair under a CUDA graph; bad input
 refused before launch; the adapter's host time per call.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import inspect
 import itertools
@@ -23,6 +24,7 @@ import torch
 from kdkit.judge import compare, oracle
 from kdkit.judge import heavy_cases
 from kdkit.byok import cuda as byok
+from kdkit.byok.batch import case_batch
 from kdkit.case import load
 from kdkit.kernel import jit
 from kdkit.kernel.checks import InputError
@@ -147,10 +149,25 @@ def test_backend_meets_the_contract():
 
 def test_plan_refuses_cpu_metadata_naming_the_field():
     b = load_backend(STARTER).backend
-    idx = torch.tensor([0, 9], dtype=torch.int32)
+    case = load(DATA / "seed-shape.pt")
+    batch = case_batch(case, _tensors(case, "cpu"))
     with pytest.raises(InputError, match="field 'qo_indptr'.*CUDA"):
-        b.plan(qo_indptr=idx, kv_indptr=idx, kv_indices=torch.zeros(9, dtype=torch.int32), num_heads=8,
-               sm_scale=0.1)
+        b.plan(batch)
+    assert b.unsupported(batch) is None  # (bf16: the dtype it takes; the device is plan's to refuse)
+    assert "takes bf16" in b.unsupported(dataclasses.replace(batch, dtype=torch.float16))
+
+
+def test_the_live_pair_meets_the_registry_contract():
+    from kdkit.backends import registry
+    for obj in (load_backend(STARTER).backend, load_backend(STARTER)):  # the object and the module
+        registry.check(obj, "the CUDA starter")
+        assert registry.has_live_pair(obj)
+
+
+def _tensors(case, device) -> dict:
+    """The case's tensors on `device`, named as the live pair takes them."""
+    return {n: None if getattr(case, n) is None else getattr(case, n).to(device) for n in
+            ("q", "k", "v", "kv_buffer", "qo_indptr", "kv_indptr", "kv_indices", "custom_mask", "mask_indptr")}
 
 
 def _variant(copy, launches=None, **kw):
@@ -255,36 +272,57 @@ def test_run_rebuilds_an_edited_file(copy):
 
 
 @gpu
-def test_plan_run_under_a_cuda_graph():
-    """Plan once, capture the launches, write new inputs into the same tensors, replay: the graph
-    computes the new inputs' answer (nothing of the first call's host state is baked in)."""
+def test_live_pair_under_a_cuda_graph():
+    """The live pair as the server runs it in a CUDA graph: plan(batch) once, launch captured, new
+    q values written into the same tensors, replay: the graph computes the new inputs' answer
+    (nothing of the first call's host state is baked in), judged against the oracle."""
+    from kdkit.backends import Result
     b = load_backend(STARTER).backend
-    first, second = load(DATA / "ragged-bs4.pt"), load(DATA / "ragged-bs4.pt")
-    g_cpu = torch.Generator().manual_seed(7)
-    second.q = (torch.randn(second.q.shape, generator=g_cpu) * 0.5).to(torch.bfloat16)
-    x = {n: None if getattr(first, n) is None else getattr(first, n).cuda() for n in
-         ("q", "k", "v", "kv_buffer", "qo_indptr", "kv_indptr", "kv_indices", "custom_mask", "mask_indptr",
-          "prefix_lens")}
-    p = b.plan(qo_indptr=x["qo_indptr"], kv_indptr=x["kv_indptr"], kv_indices=x["kv_indices"],
-               custom_mask=x["custom_mask"], mask_indptr=x["mask_indptr"], prefix_lens=x["prefix_lens"],
-               num_heads=first.num_heads, sm_scale=first.sm_scale, nsplit=5)
-    out = torch.empty_like(p.out)
-    p.run(x["q"], x["k"], x["v"], x["kv_buffer"], out=out)  # warm-up (and the checks)
+    first = load(DATA / "ragged-bs4.pt")
+    second = first.clone(q=(torch.randn(first.q.shape, generator=torch.Generator().manual_seed(7)) * 0.5)
+                         .to(torch.bfloat16))
+    x = _tensors(first, "cuda")
+    p = b.plan(case_batch(first, x))
+    out = torch.empty(first.num_tokens, first.num_heads, 512, dtype=torch.bfloat16, device="cuda")
+    b.launch(p, x["q"], x["k"], x["v"], x["kv_buffer"], out)  # warm-up, as SGLang's before capture
     torch.cuda.synchronize()
+    assert _judge(first, Result(out.cpu(), p.lse.cpu())).passed
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        p.run(x["q"], x["k"], x["v"], x["kv_buffer"], out=out, check=False)
+        b.launch(p, x["q"], x["k"], x["v"], x["kv_buffer"], out)
     x["q"].copy_(second.q.cuda())
     out.zero_()
     g.replay()
     torch.cuda.synchronize()
-    from kdkit.backends import Result
     assert _judge(second, Result(out.cpu(), p.lse.cpu())).passed
     # per layer: another q through the same plan, eagerly
     x["q"].copy_(first.q.cuda())
-    o, lse = p.run(x["q"], x["k"], x["v"], x["kv_buffer"])
+    b.launch(p, x["q"], x["k"], x["v"], x["kv_buffer"], out)
     torch.cuda.synchronize()
-    assert _judge(first, Result(o.cpu(), lse.cpu())).passed
+    assert _judge(first, Result(out.cpu(), p.lse.cpu())).passed
+
+
+@gpu
+def test_live_plan_made_inside_graph_capture():
+    """plan(batch) inside torch.cuda.graph capture (the server plans there when a captured batch's
+    buffers have no plan yet): it reads nothing back and syncs nothing, so the capture holds, and
+    the replay gives the case's answer (the workspace allocated there is the graph's)."""
+    from kdkit.backends import Result
+    b = load_backend(STARTER).backend
+    case = load(DATA / "ragged-bs4.pt")
+    x = _tensors(case, "cuda")
+    batch = case_batch(case, x)
+    b.launch(b.plan(batch), x["q"], x["k"], x["v"], x["kv_buffer"],
+             torch.empty(case.num_tokens, case.num_heads, 512, dtype=torch.bfloat16, device="cuda"))  # the build
+    torch.cuda.synchronize()
+    out = torch.empty(case.num_tokens, case.num_heads, 512, dtype=torch.bfloat16, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        p = b.plan(dataclasses.replace(batch, capturing=True))
+        b.launch(p, x["q"], x["k"], x["v"], x["kv_buffer"], out)
+    g.replay()
+    torch.cuda.synchronize()
+    assert _judge(case, Result(out.cpu(), p.lse.cpu())).passed
 
 
 @gpu
@@ -306,21 +344,20 @@ def test_prepare_is_graph_safe_and_judged():
 def test_bad_tensors_refused_before_launch():
     case = load(DATA / "seed-shape.pt")
     b = load_backend(STARTER).backend
-    x = {n: getattr(case, n).cuda() for n in ("q", "k", "v", "kv_buffer", "qo_indptr", "kv_indptr",
-                                              "kv_indices", "custom_mask", "mask_indptr")}
-    p = b.plan(qo_indptr=x["qo_indptr"], kv_indptr=x["kv_indptr"], kv_indices=x["kv_indices"],
-               custom_mask=x["custom_mask"], mask_indptr=x["mask_indptr"], num_heads=case.num_heads,
-               sm_scale=case.sm_scale)
+    x = _tensors(case, "cuda")
+    batch = case_batch(case, x)
+    p = b.plan(batch)
+    out = torch.empty(case.num_tokens, case.num_heads, 512, dtype=torch.bfloat16, device="cuda")
     with pytest.raises(InputError, match="field 'q'.*shape"):
-        p.run(x["q"][:, :4], x["k"], x["v"], x["kv_buffer"])
+        b.launch(p, x["q"][:, :4], x["k"], x["v"], x["kv_buffer"], out)
     with pytest.raises(InputError, match="field 'kv_buffer'.*dtype"):
-        p.run(x["q"], x["k"], x["v"], x["kv_buffer"].half())
-    with pytest.raises(InputError, match="field 'kv_buffer'.*rows"):
-        p.run(x["q"], x["k"], x["v"], x["kv_buffer"][:3])
+        b.launch(p, x["q"], x["k"], x["v"], x["kv_buffer"].half(), out)
+    with pytest.raises(InputError, match="field 'out'"):
+        b.launch(p, x["q"], x["k"], x["v"], x["kv_buffer"], out.float())
+    with pytest.raises(InputError, match="field 'kv_buffer'.*rows"):  # a case's path reads the slots
+        b.run(case.clone(kv_buffer=case.kv_buffer[:3]))
     with pytest.raises(InputError, match="field 'mask_indptr'"):
-        b.plan(qo_indptr=x["qo_indptr"], kv_indptr=x["kv_indptr"], kv_indices=x["kv_indices"],
-               custom_mask=x["custom_mask"], mask_indptr=x["mask_indptr"][1:], num_heads=case.num_heads,
-               sm_scale=case.sm_scale)
+        b.plan(dataclasses.replace(batch, mask_indptr=x["mask_indptr"][1:]))
     torch.cuda.synchronize()  # nothing faulted
 
 

@@ -10,8 +10,10 @@ compare.LSE_ULPS fp32 units.
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -95,25 +97,66 @@ def test_contract_options_prepare_and_plan(starter_backend):
         b.run(case, nsplit="2")
 
 
-def test_plan_refuses_bad_input_naming_the_field(starter_backend):
+def _live(case, **change):
+    """The case's tensors (fp32: the interpreter's dtype) and its LiveBatch, as the server's
+    plugin (kdkit.capture.live) gives plan(): the metadata tensors and host ints."""
+    from kdkit.byok.batch import case_batch
+    x = {n: None if getattr(case, n) is None else getattr(case, n).clone() for n in
+         ("q", "k", "v", "kv_buffer", "qo_indptr", "kv_indptr", "kv_indices", "custom_mask", "mask_indptr")}
+    x.update({n: x[n].float() for n in ("q", "k", "v", "kv_buffer")})
+    return x, dataclasses.replace(case_batch(case, x), **change)
+
+
+def test_live_pair_reads_no_metadata_at_plan_time_and_launches_into_out(starter_backend):
+    """The pair as the server calls it: plan(batch) reads nothing of the metadata's contents (here
+    they are garbage at plan time, as a CUDA graph's buffers before SGLang refills them), and
+    launch writes `out` from what they hold at launch: the answer the judge passes."""
+    from kdkit.backends import Result, registry
+    b = starter_backend
+    registry.check(b, "starter")  # the contract, the live pair included
+    assert registry.has_live_pair(b)
+    case = _case("ragged-bs4")
+    x, batch = _live(case)
+    real = {n: x[n].clone() for n in ("kv_indptr", "kv_indices", "custom_mask", "mask_indptr")}
+    for n in real:  # garbage of the right dtype, the size kept (the buffers' addresses stay)
+        x[n].fill_(255 if n == "custom_mask" else 10 ** 6)
+    p = b.plan(batch)
+    for n, t in real.items():
+        x[n].copy_(t)
+    out = torch.full((case.num_tokens, case.num_heads, 512), float("nan"))
+    assert b.launch(p, x["q"], x["k"], x["v"], x["kv_buffer"], out) is None
+    v = starter.judge_result(b.NAME, case, Result(out, p.lse.clone()))
+    assert v.passed, v.reasons
+    # the next layer: other q through the same plan, into the same out
+    x["q"].mul_(-1)
+    b.launch(p, x["q"], x["k"], x["v"], x["kv_buffer"], out)
+    assert starter.judge_result(b.NAME, case.clone(q=-case.q), Result(out, p.lse.clone())).passed
+    # the tensors are checked against the plan before anything launches (host only)
+    with pytest.raises(InputError, match="field 'q'.*shape"):
+        b.launch(p, x["q"][:3], x["k"], x["v"], x["kv_buffer"], out)
+    with pytest.raises(InputError, match="field 'out'.*contiguous"):
+        b.launch(p, x["q"], x["k"], x["v"], x["kv_buffer"], out.transpose(0, 1).contiguous().transpose(0, 1))
+    assert b.unsupported(batch) is None
+    assert "interpreter cannot tl.dot" in b.unsupported(dataclasses.replace(batch, dtype=torch.bfloat16))
+
+
+def test_bad_input_is_refused_naming_the_field(starter_backend):
+    """What the host knows is checked at plan(batch); the index arrays' contents where a case is
+    run (a case's path may read them, a live plan may not)."""
     c = _case("seed-shape")
-    f = lambda t: t.float() if t.is_floating_point() else t  # noqa: E731  (the interpreter's dtype)
-    meta = dict(qo_indptr=c.qo_indptr, kv_indptr=c.kv_indptr, kv_indices=c.kv_indices, num_heads=8,
-                sm_scale=c.sm_scale, custom_mask=c.custom_mask, mask_indptr=c.mask_indptr)
-    p = starter_backend.plan(**meta, out_dtype=torch.float32)
-    out, lse = p.run(f(c.q), f(c.k), f(c.v), f(c.kv_buffer))
-    assert out.shape == (9, 8, 512) and torch.isfinite(lse).all()
-    bad = {"mask_indptr": dict(mask_indptr=c.mask_indptr[:1]),
-           "custom_mask": dict(custom_mask=c.custom_mask[:200]),
-           "kv_indptr": dict(kv_indptr=c.kv_indptr + torch.tensor([0, 50], dtype=c.kv_indptr.dtype)),
-           "sm_scale": dict(sm_scale=float("inf"))}
+    x, batch = _live(c)
+    bad = {"mask_indptr": dict(mask_indptr=x["mask_indptr"][:1]), "sm_scale": dict(sm_scale=float("inf")),
+           "qo_indptr": dict(batch_size=3), "kv_indptr": dict(kv_indptr=x["kv_indptr"].float())}
     for field, change in bad.items():
         with pytest.raises(InputError, match=f"field '{field}'"):
-            starter_backend.plan(**{**meta, **change})
+            starter_backend.plan(dataclasses.replace(batch, **change))
+    contents = {"custom_mask": dict(custom_mask=c.custom_mask[:200]),
+                "kv_indptr": dict(kv_indptr=c.kv_indptr + torch.tensor([0, 50], dtype=c.kv_indptr.dtype))}
+    for field, change in contents.items():
+        with pytest.raises(InputError, match=f"field '{field}'"):
+            starter_backend.run(c.clone(**change))
     with pytest.raises(InputError, match="field 'kv_indices'.*outside"):
-        p.run(f(c.q), f(c.k), f(c.v), f(c.kv_buffer)[:5])
-    with pytest.raises(InputError, match="field 'q'.*shape"):
-        p.run(f(c.q)[:3], f(c.k), f(c.v), f(c.kv_buffer))
+        starter_backend.run(c.clone(kv_buffer=c.kv_buffer[:5]))
 
 
 def test_launcher_signature_errors_name_the_parameter(tmp_path):
@@ -187,4 +230,19 @@ def test_generated_package_installs_and_its_entry_point_is_a_backend(tmp_path):
     r = subprocess.run([sys.executable, "-c", test], capture_output=True, text=True, env=env, timeout=600,
                        cwd=tmp_path / "mine")
     assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    # `kdkit replay --backends mine`: the installed backend by its entry-point name
+    def replay(*cases):
+        cli = boot + f"from kdkit.cli import main; raise SystemExit(main({['replay', *cases, '--backends', 'mine']!r}))"
+        return subprocess.run([sys.executable, "-c", cli], capture_output=True, text=True, env=env, timeout=600,
+                              cwd=ROOT)
+    r = replay("data/captured_tensors/seed-shape.pt")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "ran mine: mine (kernel.py, Triton" in r.stdout, r.stdout[-2000:]
+    # the editable install runs the package's own file: without its mask line it fails the judge
+    kernel = pkg / "kernel.py"
+    assert kernel.read_text().count(MASK_LINE) == 1
+    kernel.write_text(kernel.read_text().replace(MASK_LINE, ""))
+    r = replay("data/captured_tensors/seed-shape.pt", "data/captured_tensors/ragged-bs4.pt")
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
+    assert len(re.findall(r"^mine\s+fail\s", r.stdout, re.M)) == 2, r.stdout[-2000:]
 

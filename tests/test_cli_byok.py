@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 
-from conftest import DATA
+import pytest
+
+from conftest import BUNDLED, DATA
+from kdkit.byok import starter
 from kdkit.cli import main
 
 
@@ -45,8 +49,6 @@ def test_export_writes_a_trace_folder_and_refuses_a_mis_marshaled_case(tmp_path,
 
 
 def _nvrtc_or_skip():
-    import pytest
-
     from kdkit.kernel import builds
     if builds.supported_archs()["nvrtc"] is None:
         pytest.skip("NVRTC is not installed (kdkit's 'compile' extra)")
@@ -68,3 +70,46 @@ def test_compile_reports_a_users_cuda_kernel_and_its_compiler_errors(tmp_path, c
     cu.write_text("\n".join(lines) + "\n")
     rc, out, err = run(capsys, "compile", "--backend", spec, "--arch", "sm_120")
     assert rc == 2 and f"{cu}(4): error" in err.splitlines()[0], err
+
+
+# ---- the Triton starter through `kdkit replay`, named by file spec --------------------------------
+# (by its entry-point name after `pip install -e`: tests/test_byok_triton.py; on a CPU the starter
+# runs under Triton's interpreter, ~1-4 s a case)
+MASK_LINE = "        seen = seen & visible\n"   # the starter's one line that applies the tree (or causal) mask
+
+
+def _rows(table: str, backend: str, status: str) -> int:
+    """How many rows of replay's tables give `backend` this status."""
+    return len(re.findall(rf"^{backend}\s+{status}\s", table, re.M))
+
+
+@pytest.fixture
+def forget():
+    """Specs registered by a test are forgotten after it (the registry is per process)."""
+    names: list = []
+    yield names
+    from kdkit.backends import registry
+    for n in names:
+        registry.unregister(n)
+
+
+def test_replay_passes_the_triton_starter_by_file_spec_on_every_bundled_case(capsys, forget):
+    spec = starter.TEMPLATES / "triton" / "backend.py"
+    forget.append("kdkit_starter")
+    rc, out, err = run(capsys, "replay", *(DATA / f"{n}.pt" for n in BUNDLED), "--backends", spec)
+    assert rc == 0, out[-3000:] + err[-2000:]
+    assert _rows(out, "kdkit_starter", "pass") == len(BUNDLED), out[-3000:]
+
+
+def test_replay_fails_the_triton_starter_without_its_mask(tmp_path, capsys, forget):
+    """The same starter with its mask line removed (written by new-kernel, then edited) exits 1
+    on the bundled cases, every one of which has a tree."""
+    pkg = starter.write(tmp_path / "kd_maskless", "triton", "kd_maskless")
+    kernel = pkg / "kernel.py"
+    text = kernel.read_text()
+    assert text.count(MASK_LINE) == 1, "the starter's mask line moved: update MASK_LINE"
+    kernel.write_text(text.replace(MASK_LINE, ""))
+    forget.append("kd_maskless")
+    rc, out, err = run(capsys, "replay", *(DATA / f"{n}.pt" for n in BUNDLED), "--backends", pkg / "backend.py")
+    assert rc == 1, out[-3000:] + err[-2000:]
+    assert _rows(out, "kd_maskless", "fail") == len(BUNDLED), out[-3000:]

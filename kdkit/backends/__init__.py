@@ -70,6 +70,32 @@ class Prepared:
     plan: Callable[[], object] | None = None
 
 
+@dataclass(frozen=True)
+class LiveBatch:
+    """What a live pair's plan(batch) gets (kdkit.capture.live has the pair's contract; the byok
+    adapters plan their run/prepare from one too): the batch's metadata in SGLang's layout. Request b's prefix rows are
+    kv_buffer[kv_indices[kv_indptr[b]:kv_indptr[b+1]]], its draft rows k[qo_indptr[b]:qo_indptr[b+1]]
+    (rows of the pool too, written by this step); custom_mask[mask_indptr[b]:] holds its
+    [q_len, prefix + q_len] visibility row-major (None: causal or full, as `causal` says). The
+    tensors are on the server's device; the ints are host-side bounds."""
+    qo_indptr: torch.Tensor
+    kv_indptr: torch.Tensor
+    kv_indices: torch.Tensor
+    custom_mask: torch.Tensor | None
+    mask_indptr: torch.Tensor | None
+    batch_size: int
+    num_tokens: int
+    num_heads: int
+    max_q_len: int
+    max_kv_len: int          # a bound on prefix + q_len of every request (not the exact maximum)
+    sm_scale: float
+    logit_cap: float
+    causal: bool
+    dtype: torch.dtype       # q's, k's and the pool's
+    device: torch.device
+    capturing: bool          # inside CUDA-graph capture: a graph keeps pointing into the plan
+
+
 class BackendUnavailable(RuntimeError):
     """This backend cannot run here; the message says why and how to make it available."""
 

@@ -10,15 +10,18 @@
                   Launch("mine_merge", args=[...], grid=lambda p: (p.num_tokens * p.num_heads,), block=128)])
 
 `backend` meets kdkit's backend contract (NAME, unavailable, run(case, *, options) -> Result,
-prepare -> Prepared, LINT_CLEAN), and has the plan/run pair for CUDA graphs and the server:
-`p = backend.plan(qo_indptr=..., ...)` once per batch, `p.run(q, k, v, kv_buffer)` per layer.
+prepare -> Prepared, LINT_CLEAN), and has the live pair (kdkit.capture.live) that CUDA graphs and
+the server's validate/replace modes call: `p = backend.plan(batch)` once per batch (a
+kdkit.backends.LiveBatch, in SGLang's layout; host only, the options' defaults),
+`backend.launch(p, q, k, v, kv_buffer, out)` per layer. run and prepare plan a case through the same
+plan (a unified case converted to SGLang's layout first).
 
 Arguments are named (ARGS says what each name is and its C type); the entry points must be
 `extern "C"` and their parameters are checked against the names' types in the PTX at build time.
 The source is compiled by kdkit's own JIT (kdkit.kernel.jit: NVRTC, #line directives, a cache key
 over the text of every included header), for the GPU it runs on or for any sm_XX without one
-(`resources()`). The typedefs qo_indptr_t, kv_indptr_t, kv_indices_t, mask_indptr_t and
-prefix_lens_t (int or long long: the dtypes of the batch's index arrays) are written ahead of it.
+(`resources()`). The typedefs qo_indptr_t, kv_indptr_t, kv_indices_t and mask_indptr_t (int or
+long long: the dtypes of the batch's index arrays) are written ahead of it.
 
 Per call a plan writes one layer's pointers and strides into argument buffers packed at plan time
 and calls cuLaunchKernel (cuda-bindings) on torch's current stream: no allocation, no device read.
@@ -38,13 +41,16 @@ import torch
 from ..backends import Prepared, Result
 from ..kernel import jit
 from ..kernel.api import Metadata
-from ..kernel.checks import InputError, bound_kv_len, check_metadata, check_tensors, read_sizes, require
+from ..kernel.checks import InputError, check_metadata, check_tensors, read_sizes, require
+from .batch import as_uint8, case_batch, sglang_case
 
 # The names an argument list may use, and their C types (the PTX type class they must meet).
 # Tensors of one layer (rebound by every Plan.run), then the batch's metadata (bound by plan()).
 LAYER_TENSORS = ("q", "k", "v", "kv_buffer", "out", "lse")
-META_TENSORS = ("qo_indptr", "kv_indptr", "kv_indices", "prefix_lens", "custom_mask", "mask_indptr")
-INT_SCALARS = ("num_heads", "bs", "num_tokens", "max_q_len", "max_kv_len", "causal", "unified")
+# (the sglang layout only, as a live batch is: no prefix_lens, no unified flag; a unified case is
+# converted to it before it is planned, kdkit.byok.batch)
+META_TENSORS = ("qo_indptr", "kv_indptr", "kv_indices", "custom_mask", "mask_indptr")
+INT_SCALARS = ("num_heads", "bs", "num_tokens", "max_q_len", "max_kv_len", "causal")
 FLOAT_SCALARS = ("sm_scale", "logit_cap")
 STRIDE = re.compile(r"^(q|k|v|kv_buffer|out)\.stride\(([0-2])\)$")  # "q.stride(0)": int64 elements
 _PTX_CLASS = {"ptr": ("u64", "b64", "s64"), "i64": ("u64", "b64", "s64"), "i32": ("u32", "s32", "b32"),
@@ -52,8 +58,7 @@ _PTX_CLASS = {"ptr": ("u64", "b64", "s64"), "i64": ("u64", "b64", "s64"), "i32":
 _C_TYPE = {"ptr": "a pointer", "i64": "long long", "i32": "int", "f32": "float"}
 _INDEX_C = {torch.int32: "int", torch.int64: "long long"}
 _INDEX_TAG = {torch.int32: "i32", torch.int64: "i64"}
-TYPEDEFS = {"qo_indptr": "qo", "kv_indptr": "kvp", "kv_indices": "kvi", "mask_indptr": "mip",
-            "prefix_lens": "pfx"}  # index array -> its tag in the module key
+TYPEDEFS = {"qo_indptr": "qo", "kv_indptr": "kvp", "kv_indices": "kvi", "mask_indptr": "mip"}  # -> its tag in the key
 MAX_GRID = (2 ** 31 - 1, 65535, 65535)
 MAX_BLOCK = (1024, 1024, 64)
 WORKSPACE_LIMIT = 8 << 30  # bytes of workspace one plan may ask for (a wrong shape function, not a real need)
@@ -110,15 +115,14 @@ class Problem:
     max_kv_len: int
     causal: bool = False
     has_mask: bool = True
-    layout: str = "sglang"
     options: dict = field(default_factory=dict)
 
     def __getattr__(self, name):
         opts = self.__dict__.get("options", {})
         if name in opts:
             return opts[name]
-        raise AttributeError(f"Problem has no {name!r}: sizes are {', '.join(SEED_SHAPE)}, causal, has_mask, "
-                             f"layout; options {', '.join(opts) or '(none declared)'}")
+        raise AttributeError(f"Problem has no {name!r}: sizes are {', '.join(SEED_SHAPE)}, causal, has_mask; "
+                             f"options {', '.join(opts) or '(none declared)'}")
 
 
 def _dims(value, p: Problem, what: str) -> tuple:
@@ -375,14 +379,17 @@ class CudaKernel:
                 "ran": f"{self.NAME} ({self.source.name}), {dev}{', ' + opts if opts else ''}, {p.key}"}
 
     def _plan_case(self, case, opts: dict):
+        """The case (a unified one in the sglang layout) on the GPU, its index arrays' contents
+        checked (one host read: a case's path may read, a live plan may not), planned."""
         from ..backends.cuda import to_device
-        self._options(opts)  # before anything touches the case
+        opts = self._options(opts)  # before anything touches the case
+        case = sglang_case(case)
         x = to_device(case)
-        p = self.plan(qo_indptr=x["qo_indptr"], kv_indptr=x["kv_indptr"], kv_indices=x["kv_indices"],
-                      prefix_lens=x["prefix_lens"], custom_mask=x["custom_mask"], mask_indptr=x["mask_indptr"],
-                      num_heads=case.num_heads, sm_scale=case.sm_scale, logit_cap=case.logit_cap,
-                      causal=case.causal, layout=case.layout, max_q_len=max(case.q_lens), **opts)
-        return p, x
+        batch = case_batch(case, x)
+        m = _metadata(batch)
+        check_metadata(m)
+        sizes = read_sizes(m, values=True)
+        return self._plan(batch, opts, sizes["pool_rows_needed"]), x
 
     # ---- build -------------------------------------------------------------------------------
     def build(self, arch: str | None = None, index_types: dict | None = None) -> jit.Module:
@@ -429,38 +436,44 @@ class CudaKernel:
         kernels = {lc.entry: mod.kernels.get(lc.entry, jit.KernelResources(lc.entry)) for lc in self.launches}
         return Resources(arch, mod.key, str(self.source), kernels, threads, dyn, mod.forbidden_instructions())
 
-    # ---- plan / run --------------------------------------------------------------------------
-    def plan(self, *, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, prefix_lens=None,
-             custom_mask=None, mask_indptr=None, logit_cap: float = 0.0, causal: bool = False,
-             layout: str = "sglang", max_q_len: int | None = None, num_tokens: int | None = None,
-             max_kv_len: int | None = None, check: bool = True, **options) -> Plan:
-        """Host work for one batch (the keywords of kdkit.kernel.plan): checks, the build, the
-        workspace, the packed arguments. check=True reads the index arrays once and refuses bad
-        contents; check=False with num_tokens, max_q_len and max_kv_len reads nothing from the device
-        (planning inside CUDA-graph capture). The grid covers max_q_len tokens per request (None: all T)."""
-        opts = self._options(options)
-        if custom_mask is not None and custom_mask.dtype == torch.bool:
-            custom_mask = custom_mask.view(torch.uint8)  # same bytes; a kernel reads != 0
-        m = Metadata(qo_indptr, kv_indptr, kv_indices, prefix_lens, custom_mask, mask_indptr, int(num_heads),
-                     float(sm_scale), float(logit_cap), bool(causal), layout)
+    # ---- the live pair: plan(batch) once per batch, launch(...) per layer ----------------------
+    def plan(self, batch) -> Plan:
+        """The live pair's plan (kdkit.capture.live) for one batch, a kdkit.backends.LiveBatch, with
+        the declared options' defaults: checks of what the host knows, the build, the workspace, the
+        packed arguments. Reads nothing from the device and syncs nothing (it runs inside CUDA-graph
+        capture too): the sizes are the batch's host ints, and the grid covers batch.max_q_len tokens
+        per request."""
+        return self._plan(batch, self._options({}))
+
+    def launch(self, plan: Plan, q, k, v, kv_buffer, out) -> None:
+        """One layer's launches into `out` [T, H, 512] (the LSE into the plan's own buffer): the
+        tensors checked against the plan (shapes, dtypes, strides, devices: no device read), their
+        pointers written into the packed arguments, then cuLaunchKernel on torch's current stream."""
+        plan.run(q, k, v, kv_buffer, out=out)
+
+    def unsupported(self, batch) -> str | None:
+        """Why this kernel cannot serve `batch` (host only), None if it can."""
+        if batch.dtype != torch.bfloat16:
+            return f"takes bf16 q/k/v/pool, this model runs {batch.dtype}"
+        return None
+
+    def _plan(self, batch, opts: dict, pool_rows_needed: int = 0) -> Plan:
+        """plan(batch) with `opts`; `pool_rows_needed`, the pool rows kv_indices reach where the
+        caller read them (a case), bounds the pool at every launch (0: not known, a live batch)."""
+        m = _metadata(batch)
         check_metadata(m)
-        dev = qo_indptr.device
-        if check or None in (num_tokens, max_q_len, max_kv_len):
-            sizes = read_sizes(m, values=check)
-        else:
-            sizes = {"bs": qo_indptr.numel() - 1, "num_tokens": int(num_tokens), "max_q_len": int(max_q_len),
-                     "max_kv_len": int(max_kv_len), "pool_rows_needed": 0}
-        sizes = bound_kv_len(sizes, max_kv_len)
-        T, H = sizes["num_tokens"], m.num_heads
-        require(num_tokens is None or int(num_tokens) == T, "num_tokens", f"{num_tokens}, but qo_indptr ends at {T}")
-        max_q_len = T if max_q_len is None else int(max_q_len)
-        require(sizes["max_q_len"] <= max_q_len <= max(T, 1), "max_q_len",
-                f"{max_q_len} must lie in [{sizes['max_q_len']} (the longest request now), T={T}]")
-        prob = Problem(sizes["bs"], T, H, max_q_len, sizes["max_kv_len"], m.causal, custom_mask is not None,
-                       layout, opts)
-        types = {n: t.dtype for n, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr),
-                                         ("kv_indices", kv_indices), ("mask_indptr", mask_indptr),
-                                         ("prefix_lens", prefix_lens)) if t is not None}
+        custom_mask = m.custom_mask
+        dev, T, H = batch.device, int(batch.num_tokens), m.num_heads
+        require(batch.batch_size == batch.qo_indptr.numel() - 1, "qo_indptr",
+                f"{batch.qo_indptr.numel()} entries for batch_size={batch.batch_size}; want batch_size+1")
+        max_q_len = int(batch.max_q_len)
+        require(0 <= max_q_len <= max(T, 1) and batch.max_kv_len >= max_q_len, "max_q_len",
+                f"{max_q_len} must lie in [0, T={T}] and at most max_kv_len={batch.max_kv_len}")
+        prob = Problem(int(batch.batch_size), T, H, max_q_len, int(batch.max_kv_len), m.causal,
+                       custom_mask is not None, opts)
+        types = {n: t.dtype for n, t in (("qo_indptr", batch.qo_indptr), ("kv_indptr", batch.kv_indptr),
+                                         ("kv_indices", batch.kv_indices), ("mask_indptr", batch.mask_indptr))
+                 if t is not None}
         with torch.cuda.device(dev):
             mod = self.build(jit.device_arch(), types)
             raw = jit.load(mod)
@@ -473,10 +486,10 @@ class CudaKernel:
             ws[w.name] = torch.empty(shape, dtype=w.dtype, device=dev)
         out = torch.empty(T, H, 512, dtype=torch.bfloat16, device=dev)
         lse = torch.empty(T, H, dtype=torch.float32, device=dev)
-        fixed = {"qo_indptr": qo_indptr, "kv_indptr": kv_indptr, "kv_indices": kv_indices, "prefix_lens": prefix_lens,
-                 "custom_mask": custom_mask, "mask_indptr": mask_indptr, **ws}
+        fixed = {"qo_indptr": batch.qo_indptr, "kv_indptr": batch.kv_indptr, "kv_indices": batch.kv_indices,
+                 "custom_mask": custom_mask, "mask_indptr": batch.mask_indptr, **ws}
         scalars = {"num_heads": H, "bs": prob.bs, "num_tokens": T, "max_q_len": max_q_len,
-                   "max_kv_len": prob.max_kv_len, "causal": int(m.causal), "unified": int(layout == "unified"),
+                   "max_kv_len": prob.max_kv_len, "causal": int(m.causal),
                    "sm_scale": m.sm_scale, "logit_cap": m.logit_cap, **opts}
         layer_keys: list = []
         bound = []
@@ -498,7 +511,7 @@ class CudaKernel:
                     b.set(i, kind, scalars[arg])
             b.slots, b.sel = np.array(slots, dtype=np.intp), sel
             bound.append(b)
-        return Plan(self.NAME, mod.key, prob, dev, T, H, sizes["pool_rows_needed"], out, lse, bound,
+        return Plan(self.NAME, mod.key, prob, dev, T, H, int(pool_rows_needed), out, lse, bound,
                     tuple(layer_keys), ws, [m])
 
     def _bind_launch(self, lc: Launch, prob: Problem, raw, dev) -> _Bound:
@@ -517,6 +530,16 @@ class CudaKernel:
             fn.max_dynamic_shared_size_bytes = smem
         # RawKernel.kernel is the loaded cupy Function; its ptr is the driver's CUfunction handle
         return _Bound(lc.entry, driver.CUfunction(fn.kernel.ptr), grid, block, smem, len(lc.args))
+
+
+def _metadata(batch) -> Metadata:
+    """A LiveBatch as kdkit's kernel checks take it (kdkit.kernel.checks). No prefix_lens: that is
+    the unified layout's, and a live batch is SGLang's, where request b's prefix is kv_indptr[b+1] -
+    kv_indptr[b]; deriving it would be a device op at plan time, stale once the plan is reused for
+    the next batch in the same buffers."""
+    return Metadata(batch.qo_indptr, batch.kv_indptr, batch.kv_indices, None, as_uint8(batch.custom_mask),
+                    batch.mask_indptr, int(batch.num_heads), float(batch.sm_scale), float(batch.logit_cap),
+                    bool(batch.causal), "sglang")
 
 
 def _show(choices) -> str:

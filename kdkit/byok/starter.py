@@ -98,6 +98,10 @@ SGLang's tree mask and an LSE merge, plainly written, to start from. `{name}/{ke
     pip install -e .                                     # registers the backend `{name}`
     kdkit replay data/captured_tensors/seed-shape.pt --backends {name}
     pytest tests/                                        # every bundled case through kdkit's judge
+
+In a live SGLang server (kdkit's plugin): `KDKIT_MODE=validate KDKIT_KERNEL={name}` runs it beside
+SGLang's Triton kernel and writes the cases where they disagree; `KDKIT_MODE=replace` serves its
+output, inside SGLang's CUDA graphs too (its live pair: `backend.plan(batch)`, `backend.launch(...)`).
 """
 
 
@@ -138,17 +142,22 @@ def judge(backend, case, **opts):
     """`backend` (an object or module meeting kdkit's contract) run on `case` (a Case or a path),
     judged against the float64 oracle as `kdkit replay` judges a backend with no production path
     (kdkit.compare.judge's floors). Returns the Verdict."""
-    from ..backends import oracle as oracle_backend
     from ..case import load
-    from ..judge.compare import judge as judge_metrics, metrics
     case = load(case) if not hasattr(case, "q") else case
+    return judge_result(backend.NAME, case, backend.run(case.clone(), **opts))
+
+
+def judge_result(name: str, case, res):
+    """The Verdict on `res`, a Result for `case` however it was made (run, or the live pair's
+    plan/launch), against the float64 oracle with judge()'s limits."""
+    from ..backends import oracle as oracle_backend
+    from ..judge.compare import judge as judge_metrics, metrics
     ref = oracle_backend.run(case)
-    res = backend.run(case.clone(), **opts)
     want = (case.num_tokens, case.num_heads, case.v_head_dim)
     if tuple(res.out.shape) != want:
-        raise ValueError(f"{backend.NAME} returned out of shape {tuple(res.out.shape)}, expected {want}")
+        raise ValueError(f"{name} returned out of shape {tuple(res.out.shape)}, expected {want}")
     m = metrics(res.out, ref.out, res.lse, ref.lse, lse_cond=ref.info["lse_cond"], out_scale=ref.info["out_scale"])
-    return judge_metrics(backend.NAME, m, ref.out)
+    return judge_metrics(name, m, ref.out)
 
 
-__all__ = ["write", "check_name", "StarterError", "bundled_cases", "judge", "LANGS", "TOKEN"]
+__all__ = ["write", "check_name", "StarterError", "bundled_cases", "judge", "judge_result", "LANGS", "TOKEN"]

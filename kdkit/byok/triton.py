@@ -20,8 +20,10 @@ The launcher is a plain function; kdkit passes it, by parameter name:
            `workspace(...)` returns as a dict, allocated once per batch (it takes, by name, any
            scalar, option and `device`), so that a launch allocates nothing.
 The backend meets kdkit's contract (NAME, LABEL, LINT_CLEAN, unavailable, run(case, *, options)
--> Result, prepare -> Prepared) and has the plan/run pair for CUDA graphs and the server:
-`p = backend.plan(qo_indptr=..., ...)` once per batch, `p.run(q, k, v, kv_buffer)` per layer.
+-> Result, prepare -> Prepared) and has the live pair (kdkit.capture.live) that CUDA graphs and
+the server's validate/replace modes call: `p = backend.plan(batch)` once per batch (a
+kdkit.backends.LiveBatch; host only, the options' defaults), `backend.launch(p, q, k, v, kv_buffer,
+out)` per layer. run and prepare plan a case through the same plan.
 
 Without a CUDA device the kernels run on the CPU under Triton's interpreter: TRITON_INTERPRET=1
 is set (kdkit.sglang_source.prepare_triton) before kernel.py is loaded, which is why a source file
@@ -49,7 +51,7 @@ import torch
 from .. import sglang_source
 from ..backends import BackendUnavailable, Prepared, Result
 from ..kernel.checks import InputError, require
-from ..layout import to_sglang
+from .batch import as_uint8, case_batch, sglang_case
 
 TENSORS = ("q", "k", "v", "kv_buffer", "qo_indptr", "kv_indptr", "kv_indices", "custom_mask",
            "mask_indptr", "out", "lse")
@@ -150,7 +152,7 @@ class TritonPlan:
     device: torch.device
     num_tokens: int
     num_heads: int
-    max_slot: int                 # largest kv_indices value the batch reads (-1: none)
+    max_slot: int                 # largest kv_indices value the batch reads (-1: none, or not read)
     fixed: dict                   # metadata tensors, workspace, scalars and options by name
     out: torch.Tensor             # the plan's own output buffers
     lse: torch.Tensor
@@ -292,36 +294,38 @@ class TritonKernel:
                             f"{', '.join(self.sig.options) or 'no options'}")
         return {n: _check_option(n, opts.get(n, d), d) for n, d in self.sig.options.items()}
 
-    # ---- plan / run --------------------------------------------------------------------------
-    def plan(self, *, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, custom_mask=None,
-             mask_indptr=None, logit_cap: float = 0.0, causal: bool = True, num_tokens: int | None = None,
-             max_q_len: int | None = None, max_kv_len: int | None = None, out_dtype=torch.bfloat16,
-             check: bool = True, **options) -> TritonPlan:
-        """Host work for one batch (the "sglang" layout: kv_indices cover each request's prefix):
-        checks, the workspace, the output buffers. check=True reads the index arrays once and refuses
-        bad contents; check=False with num_tokens, max_q_len and max_kv_len reads nothing from the
-        device (planning inside CUDA-graph capture); the pool bound is then not checked."""
+    # ---- the live pair: plan(batch) once per batch, launch(...) per layer ----------------------
+    def plan(self, batch) -> TritonPlan:
+        """The live pair's plan (kdkit.capture.live) for one batch, a kdkit.backends.LiveBatch, with
+        the declared options' defaults: checks of what the host knows, the workspace, the launcher's
+        fixed arguments. Reads nothing from the device and syncs nothing (it runs inside CUDA-graph
+        capture too): the sizes are the batch's host ints, the metadata tensors are bound as they are
+        (their contents are read by the kernel at launch)."""
+        return self._plan(batch, self._options({}))
+
+    def launch(self, plan: TritonPlan, q, k, v, kv_buffer, out) -> None:
+        """One layer's launch into `out` [T, H, 512] (the LSE into the plan's own buffer): the
+        tensors checked against the plan (shapes, dtypes, devices: no device read), then the launcher."""
+        plan.run(q, k, v, kv_buffer, out=out)
+
+    def unsupported(self, batch) -> str | None:
+        """Why this kernel cannot serve `batch` here (host only), None if it can."""
+        if batch.dtype == torch.bfloat16 and batch.device.type == "cpu":
+            return ("bf16 on the CPU: Triton's interpreter cannot tl.dot bfloat16 (triton-lang/triton#11584); "
+                    "run it on a GPU, or the model in fp32")
+        return None
+
+    def _plan(self, batch, opts: dict, max_slot: int = -1) -> TritonPlan:
+        """plan(batch) with `opts`; `max_slot`, the largest kv_indices value the batch reads where
+        the caller read it (a case), bounds the pool at every launch (-1: not known, a live batch)."""
         launch, workspace = self._functions()
-        opts = self._options(options)
-        if custom_mask is not None and custom_mask.dtype == torch.bool:
-            custom_mask = custom_mask.view(torch.uint8)  # same bytes; a kernel reads != 0
-        meta = {"qo_indptr": qo_indptr, "kv_indptr": kv_indptr, "kv_indices": kv_indices,
-                "custom_mask": custom_mask, "mask_indptr": mask_indptr}
-        sizes = _check_batch(meta, int(num_heads), float(sm_scale), float(logit_cap), values=check)
-        if not check:
-            require(None not in (num_tokens, max_q_len, max_kv_len), "check",
-                    "check=False reads nothing: give num_tokens, max_q_len and max_kv_len")
-            sizes.update(num_tokens=int(num_tokens), max_q_len=int(max_q_len), max_kv_len=int(max_kv_len))
-        else:
-            for name, val in (("num_tokens", num_tokens), ("max_q_len", max_q_len), ("max_kv_len", max_kv_len)):
-                require(val is None or int(val) >= sizes[name], name, f"{val}, but the batch needs {sizes[name]}")
-                if val is not None:
-                    sizes[name] = int(val)
-        dev = qo_indptr.device
-        T, H = sizes["num_tokens"], int(num_heads)
-        scalars = {"bs": sizes["bs"], "num_heads": H, "num_tokens": T, "max_q_len": sizes["max_q_len"],
-                   "max_kv_len": sizes["max_kv_len"], "sm_scale": float(sm_scale),
-                   "logit_cap": float(logit_cap), "causal": bool(causal)}
+        meta = {"qo_indptr": batch.qo_indptr, "kv_indptr": batch.kv_indptr, "kv_indices": batch.kv_indices,
+                "custom_mask": as_uint8(batch.custom_mask), "mask_indptr": batch.mask_indptr}
+        _check_meta(meta, batch)
+        dev, T, H = batch.device, int(batch.num_tokens), int(batch.num_heads)
+        scalars = {"bs": int(batch.batch_size), "num_heads": H, "num_tokens": T, "max_q_len": int(batch.max_q_len),
+                   "max_kv_len": int(batch.max_kv_len), "sm_scale": float(batch.sm_scale),
+                   "logit_cap": float(batch.logit_cap), "causal": bool(batch.causal)}
         ws = {}
         if workspace is not None:
             names = [n for n, _, _ in _params_of(workspace)]
@@ -329,18 +333,23 @@ class TritonKernel:
             ws = workspace(**{n: given[n] for n in names if n in given})
             require(isinstance(ws, dict) and set(self.sig.workspace) <= set(ws), "workspace",
                     f"workspace() must return a dict holding {', '.join(self.sig.workspace) or 'its buffers'}")
-        out = torch.empty((T, H, DV), dtype=out_dtype, device=dev)
+        # the plan's own out (run/prepare read it; the server passes its own) and LSE (the server
+        # takes none: the launcher writes it here)
+        out = torch.empty((T, H, DV), dtype=batch.dtype, device=dev)
         lse = torch.empty((T, H), dtype=torch.float32, device=dev)
-        return TritonPlan(self, launch, self.sig, dev, T, H, sizes["max_slot"], {**meta, **ws, **scalars},
-                          out, lse, opts)
+        return TritonPlan(self, launch, self.sig, dev, T, H, max_slot, {**meta, **ws, **scalars}, out, lse, opts)
 
+    # ---- run / prepare: a case through the same plan ----------------------------------------
     def _plan_case(self, case, opts: dict):
         """The case in the sglang layout on the run device (bf16 widened under the interpreter), planned."""
-        case = to_sglang(case) if case.layout == "unified" else case
+        case = sglang_case(case)
         self._functions()  # the interpreter switch comes first
         interpret = sglang_source.interpreting()
         device = torch.device("cuda" if torch.cuda.is_available() and not interpret else "cpu")
         widen = interpret and case.q.dtype == torch.bfloat16
+        # the contents of the index arrays, read here on the host copy (a live plan reads none)
+        host = {n: getattr(case, n) for n in (*INDEX, "custom_mask")}
+        max_slot = _check_contents({**host, "custom_mask": as_uint8(host["custom_mask"])})
 
         def dev(t):  # a copy: the kernel never touches the case
             if t is None:
@@ -348,10 +357,7 @@ class TritonKernel:
             return t.to(device=device, dtype=torch.float32 if widen and t.is_floating_point() else t.dtype, copy=True)
 
         x = {n: dev(getattr(case, n)) for n in ("q", "k", "v", "kv_buffer", *INDEX, "custom_mask")}
-        p = self.plan(qo_indptr=x["qo_indptr"], kv_indptr=x["kv_indptr"], kv_indices=x["kv_indices"],
-                      custom_mask=x["custom_mask"], mask_indptr=x["mask_indptr"], num_heads=case.num_heads,
-                      sm_scale=case.sm_scale, logit_cap=case.logit_cap, causal=case.causal,
-                      out_dtype=torch.float32 if widen else case.q.dtype, **opts)
+        p = self._plan(case_batch(case, x), opts, max_slot)
         args = p.bind(x["q"], x["k"], x["v"], x["kv_buffer"])
         back = (lambda t: t.to(case.q.dtype)) if widen else (lambda t: t.clone())
         info = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -384,12 +390,14 @@ class TritonKernel:
                         graph_safe=p.device.type == "cuda", info=info)
 
 
-def _check_batch(m: dict, num_heads: int, sm_scale: float, logit_cap: float, values: bool) -> dict:
-    """Checks of one batch's metadata, InputError naming the field; with values=True the index
-    arrays are read once (host) for their contents and the sizes. Returns the sizes."""
-    require(num_heads >= 1, "num_heads", f"{num_heads}; at least 1")
-    require(math.isfinite(sm_scale) and sm_scale > 0, "sm_scale", f"{sm_scale}; finite and > 0 (the layer's scaling)")
-    require(math.isfinite(logit_cap) and logit_cap >= 0, "logit_cap", f"{logit_cap}; finite and >= 0 (0 = no cap)")
+def _check_meta(m: dict, batch) -> None:
+    """What the host knows of a batch (no device read: a live plan runs inside graph capture);
+    InputError naming the field."""
+    require(batch.num_heads >= 1, "num_heads", f"{batch.num_heads}; at least 1")
+    require(math.isfinite(batch.sm_scale) and batch.sm_scale > 0, "sm_scale",
+            f"{batch.sm_scale}; finite and > 0 (the layer's scaling)")
+    require(math.isfinite(batch.logit_cap) and batch.logit_cap >= 0, "logit_cap",
+            f"{batch.logit_cap}; finite and >= 0 (0 = no cap)")
     for name in INDEX:
         t = m[name]
         if name == "mask_indptr" and t is None and m["custom_mask"] is None:
@@ -397,9 +405,10 @@ def _check_batch(m: dict, num_heads: int, sm_scale: float, logit_cap: float, val
         require(isinstance(t, torch.Tensor), name, "missing" if t is None else f"{type(t).__name__}; a tensor")
         require(t.dtype in (torch.int32, torch.int64) and t.dim() == 1, name, f"dtype {t.dtype}, {t.dim()}-D; "
                 "a 1-D int32 or int64 tensor")
-        require(t.device == m["qo_indptr"].device, name, f"on {t.device}, qo_indptr on {m['qo_indptr'].device}")
+        require(t.device == batch.device, name, f"on {t.device}, the batch on {batch.device}")
     bs = m["qo_indptr"].numel() - 1
-    require(bs >= 1, "qo_indptr", "needs bs+1 >= 2 entries")
+    require(bs >= 1 and bs == batch.batch_size, "qo_indptr", f"{bs + 1} entries for batch_size={batch.batch_size}; "
+            "want batch_size+1 (>= 2)")
     require(m["kv_indptr"].numel() == bs + 1, "kv_indptr", f"{m['kv_indptr'].numel()} entries for bs={bs}; want bs+1")
     mask = m["custom_mask"]
     if mask is not None:
@@ -407,10 +416,17 @@ def _check_batch(m: dict, num_heads: int, sm_scale: float, logit_cap: float, val
                 f"dtype {mask.dtype}, {mask.dim()}-D; a flat contiguous bool or uint8 tensor")
         require(m["mask_indptr"].numel() == bs + 1, "mask_indptr", f"{m['mask_indptr'].numel()} entries for "
                 f"bs={bs}; want bs+1 start offsets as SGLang passes them (run `kdkit inspect`)")
-    sizes = {"bs": bs, "num_tokens": 0, "max_q_len": 0, "max_kv_len": 0, "max_slot": -1}
-    if not values:
-        return sizes
+    require(batch.num_tokens >= 0 and batch.max_q_len >= 0 and batch.max_kv_len >= batch.max_q_len, "max_kv_len",
+            f"num_tokens {batch.num_tokens}, max_q_len {batch.max_q_len}, max_kv_len {batch.max_kv_len}: "
+            "sizes >= 0, max_kv_len >= max_q_len")
+
+
+def _check_contents(m: dict) -> int:
+    """The index arrays' contents (read on the host: a case's path), InputError naming the field.
+    Returns the largest pool slot the batch reads (-1: none)."""
     qo, kvp = m["qo_indptr"].tolist(), m["kv_indptr"].tolist()
+    require(len(qo) >= 2 and len(kvp) == len(qo), "kv_indptr", f"{len(kvp)} entries, qo_indptr {len(qo)}: "
+            "bs+1 each, bs >= 1")
     q_lens = [b - a for a, b in zip(qo, qo[1:])]
     pre = [b - a for a, b in zip(kvp, kvp[1:])]
     require(qo[0] == 0 and min(q_lens) >= 0, "qo_indptr", f"{qo[:6]}...: starts at 0 and never decreases")
@@ -419,17 +435,16 @@ def _check_batch(m: dict, num_heads: int, sm_scale: float, logit_cap: float, val
     require(kvp[-1] <= n_idx, "kv_indptr", f"ends at {kvp[-1]}, past kv_indices ({n_idx} entries)")
     used = m["kv_indices"][:kvp[-1]]
     require(not used.numel() or int(used.min()) >= 0, "kv_indices", "a negative slot")
+    mask = m["custom_mask"]
     if mask is not None:
         mip = m["mask_indptr"].tolist()
-        for b in range(bs):
+        for b in range(len(q_lens)):
             need = mip[b] + q_lens[b] * (pre[b] + q_lens[b])
             require(mip[b] >= 0 and need <= mask.numel(), "custom_mask",
                     f"request {b} reads mask[{mip[b]}:{need}] ({q_lens[b]} x ({pre[b]}+{q_lens[b]})) but the "
                     f"mask has {mask.numel()} entries; run `kdkit inspect`: mask, mask_indptr or kv_indptr is "
                     "marshaled wrongly")
-    sizes.update(num_tokens=qo[-1], max_q_len=max(q_lens), max_kv_len=max(p + q for p, q in zip(pre, q_lens)),
-                 max_slot=int(used.max()) if used.numel() else -1)
-    return sizes
+    return int(used.max()) if used.numel() else -1
 
 
 __all__ = ["TritonKernel", "TritonPlan", "Signature", "SignatureError", "read_signature", "InputError"]

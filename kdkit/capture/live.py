@@ -16,7 +16,7 @@ server an absolute path: its workers resolve it from their working directory).
 
 The live pair, optional in the backend contract (kdkit's own kernel has its equivalent,
 kdkit.capture.kernels.CudaKernel):
-  plan(batch: LiveBatch) -> plan
+  plan(batch: kdkit.backends.LiveBatch) -> plan
         Host only: reads no device value and syncs nothing (it runs inside CUDA-graph capture,
         where the metadata tensors are the graph's persistent buffers, refilled before each
         replay). It may allocate what its launches need (workspace). kdkit calls it once per
@@ -36,10 +36,10 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from dataclasses import dataclass
 
 import torch
 
+from ..backends import LiveBatch
 from . import kernels, record
 
 EAGER_PLANS = kernels.EAGER_PLANS
@@ -49,37 +49,13 @@ class LiveError(ValueError):
     """KDKIT_KERNEL cannot serve this mode here: one line (the plugin stops start-up with it)."""
 
 
-@dataclass(frozen=True)
-class LiveBatch:
-    """What plan() gets: the batch's metadata in SGLang's layout. Request b's prefix rows are
-    kv_buffer[kv_indices[kv_indptr[b]:kv_indptr[b+1]]], its draft rows k[qo_indptr[b]:qo_indptr[b+1]]
-    (rows of the pool too, written by this step); custom_mask[mask_indptr[b]:] holds its
-    [q_len, prefix + q_len] visibility row-major (None: causal or full, as `causal` says). The
-    tensors are on the server's device; the ints are host-side bounds."""
-    qo_indptr: torch.Tensor
-    kv_indptr: torch.Tensor
-    kv_indices: torch.Tensor
-    custom_mask: torch.Tensor | None
-    mask_indptr: torch.Tensor | None
-    batch_size: int
-    num_tokens: int
-    num_heads: int
-    max_q_len: int
-    max_kv_len: int          # a bound on prefix + q_len of every request (not the exact maximum)
-    sm_scale: float
-    logit_cap: float
-    causal: bool
-    dtype: torch.dtype       # q's, k's and the pool's
-    device: torch.device
-    capturing: bool          # inside CUDA-graph capture: a graph keeps pointing into the plan
-
-    @staticmethod
-    def of(kc: record.KernelCall, max_kv_len: int, capturing: bool) -> "LiveBatch":
-        return LiveBatch(kc.qo_indptr, kc.kv_indptr, kc.kv_indices, kc.custom_mask, kc.mask_indptr,
-                         batch_size=kc.bs, num_tokens=int(kc.q.shape[0]), num_heads=kc.num_heads,
-                         max_q_len=kc.max_len_extend, max_kv_len=int(max_kv_len), sm_scale=kc.sm_scale,
-                         logit_cap=kc.logit_cap, causal=kc.causal, dtype=kc.q.dtype, device=kc.q.device,
-                         capturing=capturing)
+def batch_of(kc: record.KernelCall, max_kv_len: int, capturing: bool) -> LiveBatch:
+    """The call's metadata as the live pair's plan() gets it (host ints only: nothing read back)."""
+    return LiveBatch(kc.qo_indptr, kc.kv_indptr, kc.kv_indices, kc.custom_mask, kc.mask_indptr,
+                     batch_size=kc.bs, num_tokens=int(kc.q.shape[0]), num_heads=kc.num_heads,
+                     max_q_len=kc.max_len_extend, max_kv_len=int(max_kv_len), sm_scale=kc.sm_scale,
+                     logit_cap=kc.logit_cap, causal=kc.causal, dtype=kc.q.dtype, device=kc.q.device,
+                     capturing=capturing)
 
 
 class Pair:
@@ -105,7 +81,7 @@ class Pair:
 
     def run(self, kc: record.KernelCall, max_kv_len: int, capturing: bool, out=None) -> torch.Tensor:
         """The kernel's output [T, H, 512] for this call, into `out` when given. Launches only."""
-        batch = LiveBatch.of(kc, max_kv_len, capturing)
+        batch = batch_of(kc, max_kv_len, capturing)
         refuse = getattr(self.backend, "unsupported", None)
         why = refuse(batch) if refuse is not None else None
         if why:

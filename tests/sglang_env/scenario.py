@@ -149,7 +149,7 @@ def main(spec: dict) -> dict:
     hooked = hasattr(harness.sglang()["tb"].TritonAttnBackend.forward_extend, "__wrapped__")
     plain = harness.unhooked_forward_extend()
     calls = []
-    from kdkit import compare
+    from kdkit.judge import compare
     from kdkit.capture import plugin
     for i, s in enumerate(spec["steps"]):
         _inject(s.get("inject"))

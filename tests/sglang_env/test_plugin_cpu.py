@@ -383,6 +383,37 @@ def test_replace_with_a_users_live_pair(tmp_path):
     assert sum("replace failed: RuntimeError: injected fault in the user's kernel" in ln for ln in lines) == 1, lines
 
 
+# the Triton starter `kdkit new-kernel --lang triton` writes, named by file spec: its live pair is
+# the adapter's plan(batch) / launch(...) (kdkit.byok.triton), under TRITON_INTERPRET=1 here
+TRITON_STARTER = ROOT / "kdkit" / "byok" / "starters" / "triton" / "backend.py"
+
+
+def test_validate_and_replace_with_the_triton_starter(tmp_path):
+    """validate: the starter beside SGLang's Triton on the server's tensors (its live pair, into a
+    NaN-filled buffer) agrees on every call in both metadata layouts, so nothing is written and the
+    server's output is Triton's, bitwise. replace: the starter serves every call (within tolerance
+    of Triton, not its bits), eagerly, on the graph layout's persistent buffers, and in SGLang's
+    graph-capture mode (the plan made there is kept for the graph)."""
+    d = tmp_path / "validate"
+    val = _start({"steps": [{"layout": "eager"}, {"layout": "graph"}]},
+                 _env(KDKIT_MODE="validate", KDKIT_KERNEL=TRITON_STARTER, KDKIT_DIR=d))
+    rep = _start({"steps": [{"layout": "eager"}, {"layout": "graph"}, {"layout": "graph", "graph_capture": True}]},
+                 _env(KDKIT_MODE="replace", KDKIT_KERNEL=TRITON_STARTER))
+    (res, lines, _), (served, r_lines, _) = _finish(val), _finish(rep)
+    _all_equal(res)
+    assert res["faults"] == {}, (res["faults"], lines)
+    assert any(f"validate with KDKIT_KERNEL={TRITON_STARTER}" in ln for ln in lines), lines
+    # fp32 on both sides here (the harness's CPU dtype): they differ by fp32 rounding and the
+    # order of the softmax sums, far under 2% (the plugin's own threshold, KDKIT_REL_THRESHOLD)
+    rels = _seed_rels(lines)
+    assert len(rels) == 4 and max(rels) < 0.02, lines
+    assert not d.exists() or list(d.iterdir()) == []
+    assert served["faults"] == {}, (served["faults"], r_lines)
+    assert len(served["calls"]) == 6
+    assert all(not c["equal"] and c["rel"] < 0.02 for c in served["calls"]), served["calls"]
+    assert served["plans_kept"] == 1
+
+
 @pytest.mark.parametrize("env, line", [
     ({"KDKIT_MODE": "replace", "KDKIT_KERNEL": f"{USER}:right"},
      f"KDKIT_KERNEL='{USER}:right': replace needs a kernel with plan(batch) and launch(plan, q, k, v, kv_buffer, out)"),

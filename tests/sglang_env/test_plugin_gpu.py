@@ -12,7 +12,7 @@ import re
 import pytest
 import torch
 
-from .test_plugin_cpu import NEWEST, _all_equal, run
+from .test_plugin_cpu import NEWEST, ROOT, _all_equal, _seed_rels, run
 
 pytestmark = pytest.mark.gpu
 
@@ -69,3 +69,34 @@ def test_gpu_replace_inside_a_cuda_graph_matches_the_run_without_the_plugin():
         assert r["rel"] < REL, r                       # kdkit's kernel within tolerance of Triton
         assert r["graph_equals_eager"], r              # the replayed graph = kdkit's kernel run eagerly
         assert r["differs_from_triton"], r             # it really was kdkit's kernel that served
+
+
+# the CUDA starter `kdkit new-kernel --lang cuda` writes, named by file spec: its live pair is the
+# adapter's plan(batch) / launch(...) (kdkit.byok.cuda). Its error against SGLang's Triton is of
+# the same kind as kdkit's kernel's (fp32 math on bf16 inputs, a bf16 output; Triton rounds P to
+# bf16 too): REL.
+CUDA_STARTER = ROOT / "kdkit" / "byok" / "starters" / "cuda" / "backend.py"
+
+
+def test_gpu_validate_with_the_cuda_starter_writes_nothing(tmp_path):
+    res, lines, _ = run({"steps": [{"layout": "eager"}, {"layout": "graph"}]}, KDKIT_MODE="validate",
+                        KDKIT_KERNEL=CUDA_STARTER, KDKIT_DIR=tmp_path)
+    _all_equal(res)
+    assert res["faults"] == {}, (res["faults"], lines)
+    rels = _seed_rels(lines)
+    assert len(rels) == 4 and max(rels) < REL, lines
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_gpu_replace_with_the_cuda_starter_inside_a_cuda_graph():
+    """The starter's live pair captured in SGLang's capture mode inside a real torch.cuda.graph,
+    replayed on the captured batch and on refilled ones (new q/k, shorter prefixes, same buffers):
+    each replay within REL of Triton, bitwise the starter run eagerly through the plugin."""
+    res, lines, _ = run({"graph_replay": True, "refills": [[[6, 2], 5], [[13, 0], 6]]}, KDKIT_MODE="replace",
+                        KDKIT_KERNEL=CUDA_STARTER)
+    assert res["faults"] == {}, (res["faults"], lines)
+    assert len(res["rows"]) == 6 and res["plans_kept"] >= 1
+    for r in res["rows"]:
+        assert r["rel"] < REL, r
+        assert r["graph_equals_eager"], r
+        assert r["differs_from_triton"], r

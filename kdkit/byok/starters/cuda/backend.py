@@ -22,7 +22,7 @@ backend = CudaKernel(
         Launch("kdkit_starter_partial",
                args=["q", "k", "v", "kv_buffer", "qo_indptr", "kv_indptr", "kv_indices", "custom_mask",
                      "mask_indptr", "o_part", "lse_part", "q.stride(0)", "q.stride(1)", "k.stride(0)",
-                     "v.stride(0)", "kv_buffer.stride(0)", *ROWS, "sm_scale", "logit_cap", "causal", "unified"],
+                     "v.stride(0)", "kv_buffer.stride(0)", *ROWS, "sm_scale", "logit_cap", "causal"],
                grid=lambda p: (p.max_q_len * p.num_heads, p.nsplit, p.bs), block=128),
         Launch("kdkit_starter_merge",
                args=["o_part", "lse_part", "out", "lse", "out.stride(0)", "out.stride(1)", *ROWS],
@@ -32,4 +32,6 @@ backend = CudaKernel(
 
 # the module is a backend too (`--backends path/to/backend.py`)
 NAME, LABEL, LINT_CLEAN = backend.NAME, backend.LABEL, backend.LINT_CLEAN
-unavailable, run, prepare, plan = backend.unavailable, backend.run, backend.prepare, backend.plan
+unavailable, run, prepare = backend.unavailable, backend.run, backend.prepare
+# the live pair (KDKIT_MODE=validate/replace, CUDA graphs): plan(batch) once per batch, launch per layer
+plan, launch, unsupported = backend.plan, backend.launch, backend.unsupported

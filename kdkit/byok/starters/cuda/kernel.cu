@@ -2,8 +2,8 @@
 //
 // One query row (a draft token i of request b, a head h) against its request's KV:
 //   KV position t < prefix       a committed token, read from the pool row kv_indices[kv_indptr[b] + t]
-//   KV position t = prefix + j   draft token j, read from k/v (sglang layout) or from the pool
-//                                 through kv_indices too (unified layout: kv_indices cover prefix + q_len)
+//   KV position t = prefix + j   draft token j, read from k and v (SGLang's layout: kv_indices cover
+//                                 the prefix only; kdkit converts a unified case to it before it runs)
 // Row i sees every prefix position and the draft tokens the tree mask gives it: request b's mask is
 // a row-major q_len x (prefix + q_len) block of bytes at custom_mask + mask_indptr[b], whose prefix
 // columns (all true) are skipped. Without a mask, causal means j <= i, else every draft token.
@@ -43,14 +43,14 @@ extern "C" __global__ void kdkit_starter_partial(
     float* o_part, float* lse_part,                                        // [nsplit, T*H, DL], [nsplit, T*H]
     long long q_stride_tok, long long q_stride_head, long long k_stride_tok, long long v_stride_tok,
     long long kv_stride_row,
-    int num_heads, int num_tokens, int nsplit, float sm_scale, float logit_cap, int causal, int unified)
+    int num_heads, int num_tokens, int nsplit, float sm_scale, float logit_cap, int causal)
 {
     const int b = blockIdx.z, split = blockIdx.y;
     const int i = blockIdx.x / num_heads, h = blockIdx.x % num_heads;  // draft row, head
     const long long q0 = qo_indptr[b], q_len = qo_indptr[b + 1] - q0;
     if (i >= q_len) return;  // the grid covers the longest request
     const long long kv0 = kv_indptr[b];
-    const long long prefix = (kv_indptr[b + 1] - kv0) - (unified ? q_len : 0);
+    const long long prefix = kv_indptr[b + 1] - kv0;
     const long long kv_len = prefix + q_len;
     const long long span = (kv_len + nsplit - 1) / nsplit;
     const long long lo = split * span, hi = min(kv_len, lo + span);
@@ -61,7 +61,7 @@ extern "C" __global__ void kdkit_starter_partial(
     __shared__ float q_s[D];             // this row's query, fp32
     __shared__ float score_s[TILE];      // scores of the tile's positions (-inf: not seen)
     __shared__ const bf16* vrow_s[TILE]; // each position's V row: its pool row's first DL dims, or
-                                         // the v row of a draft token in the sglang layout
+                                         // the v row of a draft token
 
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     for (int d = tid; d < D; d += THREADS)
@@ -83,7 +83,7 @@ extern "C" __global__ void kdkit_starter_partial(
             float s = NEG_INF;
             if (seen) {
                 const bf16 *krow, *vrow;
-                if (t < prefix || unified) {
+                if (t < prefix) {
                     krow = kv_buffer + (long long)kv_indices[kv0 + t] * kv_stride_row;
                     vrow = krow;
                 } else {

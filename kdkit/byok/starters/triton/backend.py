@@ -13,4 +13,6 @@ backend = TritonKernel("kdkit_starter", Path(__file__).with_name("kernel.py"))
 
 # the module is a backend too (`--backends path/to/backend.py`)
 NAME, LABEL, LINT_CLEAN = backend.NAME, backend.LABEL, backend.LINT_CLEAN
-unavailable, run, prepare, plan = backend.unavailable, backend.run, backend.prepare, backend.plan
+unavailable, run, prepare = backend.unavailable, backend.run, backend.prepare
+# the live pair (KDKIT_MODE=validate/replace, CUDA graphs): plan(batch) once per batch, launch per layer
+plan, launch, unsupported = backend.plan, backend.launch, backend.unsupported
