@@ -352,23 +352,10 @@ def test_failures_gallery(tmp_path):
 
 
 # ---- develop.ipynb: a kernel developed (the Triton starter on the CPU, under Triton's interpreter) ----
-def _starter_or_skip():
-    """The notebook's default kernel, the Triton starter as a spec. Until the byok adapters carry the
-    live plan/launch pair (issue 32 item 5, branch livepair) the registry refuses it: said, skipped."""
-    from kdkit import develop
-    try:
-        return develop.load_kernel(develop.DEFAULT_KERNEL)
-    except ValueError as e:
-        if "the live pair is both or neither" in str(e):
-            pytest.skip(f"the Triton starter does not resolve as a backend yet: {e}")
-        raise
-
-
 def test_develop_the_triton_starter_on_every_bundled_case(tmp_path):
     """The defaults: the Triton starter on the bundled cases, on the CPU (about 90 s here on 2
     shared cores: the interpreter's replays ~20 s, the planted bugs on 4 cases ~30 s)."""
     from kdkit.judge.wrong_kernels import MUTANTS
-    _starter_or_skip()
     nb, res, secs = execute("develop", tmp_path)
     assert secs < 300, f"develop.ipynb took {secs:.0f} s"
     assert res["kernel"] == "kdkit_starter" and res["ok"], res["summary"]
@@ -411,7 +398,6 @@ def test_develop_a_kernel_that_ignores_the_mask(tmp_path):
 
 @pytest.mark.gpu
 def test_develop_times_and_sweeps_on_a_gpu(tmp_path):
-    _starter_or_skip()
     nb, res, _ = execute("develop", tmp_path, cases=str(DATA / "seed-shape.pt"), shapes=[[1, 4096, 9]],
                          sweep_values=[1, 8])
     assert res["ok"] and {"timing", "sweep"} <= set(res["figures"])
