@@ -172,3 +172,30 @@ def test_prepare_declares_the_options_of_run():
         if hasattr(mod, "prepare"):
             opts = {p.name: p.default for p in inspect.signature(mod.prepare).parameters.values() if p.name != "case"}
             assert opts.keys() == backends.options(name).keys(), name
+
+
+def test_prepare_keeps_what_the_backend_prepared():
+    """kdkit.backends.prepare wraps the backend's Prepared to check its result's info["ran"]; the
+    rest (graph_safe, info, the plan step the bench times as plan_us) passes through unchanged."""
+    import types
+
+    from kdkit import backends, shapes
+    from kdkit.backends import Prepared, Result
+    case = shapes.seed_shape()
+    planned = []
+
+    def prepare(case):
+        res = Result(case.q[..., :512].float(), None, {"ran": "a test backend"})
+        return Prepared(lambda: None, lambda: res, graph_safe=True, info={"nsplit": 3},
+                        plan=lambda: planned.append(1))
+
+    mod = types.SimpleNamespace(NAME="kd_prep_test", unavailable=lambda case=None: None,
+                                run=lambda case: prepare(case).result(), prepare=prepare)
+    backends.register("kd_prep_test", mod)
+    try:
+        p = backends.prepare("kd_prep_test", case)
+        assert p.graph_safe and p.info == {"nsplit": 3} and p.plan is not None
+        p.plan()
+        assert planned == [1] and p.result().ran == "a test backend"
+    finally:
+        backends.unregister("kd_prep_test")

@@ -203,7 +203,7 @@ def prepare(name: str, case, **opts) -> Prepared:
             return last[0]
         p = Prepared(launch, result, graph_safe=False, info={"timed": "run() whole, host work included"})
     result = p.result
-    return Prepared(p.launch, lambda: _said_what_ran(name, result()), p.graph_safe, p.info)
+    return Prepared(p.launch, lambda: _said_what_ran(name, result()), p.graph_safe, p.info, p.plan)
 
 
 __all__ = ["BACKENDS", "Result", "Prepared", "BackendUnavailable", "BackendSpecError", "get", "resolve",

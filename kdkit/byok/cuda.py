@@ -40,7 +40,8 @@ import torch
 
 from ..backends import Prepared, Result
 from ..kernel import jit
-from ..kernel.api import Metadata
+from ..kernel.api import Metadata, tensor_signature
+from ..kernel.launch import current_raw_stream
 from ..kernel.checks import InputError, check_metadata, check_tensors, read_sizes, require
 from .batch import as_uint8, case_batch, sglang_case
 
@@ -222,6 +223,7 @@ class Plan:
     layer_keys: tuple            # (tensor position in LAYER_TENSORS, stride dim or -1 for the pointer)
     workspace: dict
     _keep: list = field(default_factory=list)
+    _seen: tuple | None = None   # the tensors' signature that last passed check_tensors
 
     @property
     def info(self) -> dict:
@@ -234,7 +236,14 @@ class Plan:
         out = self.out if out is None else out
         lse = self.lse if lse is None else lse
         if check:
-            check_tensors(self, q, k, v, kv_buffer, out, lse)
+            # the full check (it names the field and the fix) where shapes, strides, dtypes or
+            # devices differ from the last call that passed it, as kdkit's own plan does; the
+            # addresses are new each layer, so their 16-byte alignment is checked every call
+            sig = tensor_signature(q, k, v, kv_buffer, out, lse)
+            ptrs = q.data_ptr() | k.data_ptr() | v.data_ptr() | kv_buffer.data_ptr() | out.data_ptr() | lse.data_ptr()
+            if sig != self._seen or ptrs & 15:
+                check_tensors(self, q, k, v, kv_buffer, out, lse)
+                self._seen = sig
         ts = (q, k, v, kv_buffer, out, lse)
         cur = [ts[i].data_ptr() if d < 0 else ts[i].stride(d) for i, d in self.layer_keys]
         for b in self.launches:
@@ -243,7 +252,7 @@ class Plan:
 
     def launch(self) -> None:
         """Launch every kernel on torch's current stream with the last bound tensors (graph-safe)."""
-        stream = torch.cuda.current_stream(self.device).cuda_stream
+        stream = current_raw_stream(self.device.index)
         for b in self.launches:
             (err,) = _launch_kernel(b.fn, *b.grid, *b.block, b.smem, stream, b.addr, 0)
             if err != 0:

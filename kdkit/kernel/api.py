@@ -202,7 +202,7 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
                 launch.Launcher(calls if T else [], args.address), groups, [o_part, lse_part, m, raw])
 
 
-def _signature(q, k, v, kv_buffer, out, lse) -> tuple:
+def tensor_signature(q, k, v, kv_buffer, out, lse) -> tuple:
     """What check_tensors looked at, in O(1) attribute reads: shapes, strides, dtypes, devices
     (out/lse only where the caller gives them)."""
     sig = (q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), k.dtype, k.get_device(),
@@ -224,7 +224,7 @@ def bind(p: Plan, q, k, v, kv_buffer, out=None, lse=None):
     o = p.out if out is None else out
     l = p.lse if lse is None else lse
     qp, kp, vp, bp, op = q.data_ptr(), k.data_ptr(), v.data_ptr(), kv_buffer.data_ptr(), o.data_ptr()
-    sig = _signature(q, k, v, kv_buffer, out, lse)
+    sig = tensor_signature(q, k, v, kv_buffer, out, lse)
     if sig != p._seen or (qp | kp | vp | bp | op) & 15:
         check_tensors(p, q, k, v, kv_buffer, out, lse)  # raises InputError, naming the field
         p._seen = sig
