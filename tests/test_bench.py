@@ -252,21 +252,21 @@ def test_a_run_whose_every_write_failed_still_keeps_its_rows(tmp_path):
 
 # the performance page holds the table and the grid's verdicts (the README was cut to five minutes)
 PERF_DOC = Path(bench.RESULTS).parents[1] / "docs" / "performance.md"
-README_RUN = Path(bench.RESULTS) / "nvidia-h200-20261202T103931.json"
+README_RUN = Path(bench.RESULTS) / "nvidia-h200-20261203T135219.json"
 
 
 @pytest.mark.skipif(not README_RUN.exists(), reason="the README's run is not committed")
 def test_readme_performance_table_is_the_committed_run():
     """docs/performance.md's table is bench.readme_table of the run it names, cell for cell
     (every figure rounded once from the run; "(auto N)" where the automatic split count beat every
-    fixed one), and the run holds the nine shapes of the quick set."""
+    fixed one), and the run holds the eighteen shapes of the quick set."""
     res = json.loads(README_RUN.read_text())
     text = PERF_DOC.read_text()
     assert README_RUN.name in text.split("# Performance", 1)[1].split("\n\n", 2)[1]
     table = text.split("| bs x prefix, q_len, H | roofline |", 1)[1].split("\n\n", 1)[0]
     got = ("| bs x prefix, q_len, H | roofline |" + table).splitlines()
     want = bench.readme_table(res).splitlines()
-    assert len(want) == 2 + 9
+    assert len(want) == 2 + 18
     for g, w in zip(got, want, strict=True):
         assert g == w
 

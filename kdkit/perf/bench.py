@@ -381,7 +381,7 @@ def readme_table(res: dict) -> str:
     """The performance page's table (markdown) for a `--quick` run, a row per shape in the run's
     order: the roofline, kdkit under graph replay (with its roofline fraction) and eager at the
     automatic NSPLIT, the best fixed NSPLIT ("(auto N)" where the automatic choice beat every fixed
-    one, else "(N; auto M)"), FlashInfer's fa2 MLA under graph replay
+    one, else "(N; auto M)"; "-" where the run swept none), FlashInfer's fa2 MLA under graph replay
     (its fraction; it takes no tree mask, so it ran the shape with a causal draft), and the three
     other backends; the first row's times carry "us"."""
     lines = [README_HEAD]
@@ -391,7 +391,8 @@ def readme_table(res: dict) -> str:
         auto = next(r for r in cuda if r["nsplit_auto"] and not r["graph"])
         graph = next(r for r in cuda if r["graph"])
         fixed = min((r for r in cuda if not r["nsplit_auto"] and not r["graph"]), key=lambda r: r["us"], default=None)
-        best = (f"{_fig(fixed['us'])} ({fixed['nsplit']}; auto {auto['nsplit']})" if fixed and fixed["us"] < auto["us"]
+        best = ("-" if fixed is None  # the run swept no fixed count at this shape
+                else f"{_fig(fixed['us'])} ({fixed['nsplit']}; auto {auto['nsplit']})" if fixed["us"] < auto["us"]
                 else f"{_fig(auto['us'])} (auto {auto['nsplit']})")
         fi = next((r for r in rs if r["backend"] == "flashinfer_mla" and r["graph"]), None) or _main_row(rs, "flashinfer_mla")
         other = [_main_row(rs, b) for b in ("triton_sglang", "triton_decode", "torch")]
