@@ -16,7 +16,7 @@ import os
 import re
 import sys
 import platform
-import warnings
+import tempfile
 from importlib import metadata
 from pathlib import Path
 
@@ -435,33 +435,32 @@ def write_pngs(reports: list, cases: list | None, target: Path, force: bool = Fa
     ([], the one line the Markdown says instead: no kaleido, no browser for it, a failed export)."""
     try:
         import kaleido
-        import plotly.io as pio
     except ImportError:
         return [], "No figures: PNG export needs kaleido (pip install 'kdkit[reports]'); the HTML report (.html) has them."
     folder = free_path(target.with_name(f"{page_stem(target.stem)}-figures"), force)
-    out, taken = [], set()
+    drawn, specs, taken = [], [], set()
+    for i, rep in enumerate(reports):
+        figs, why = _figures(rep, cases[i] if cases and i < len(cases) else None)
+        stem = _page_name(str(rep.case_id), taken)[:-len(".html")]
+        names = [(f"{stem}-{n}.png", _alt(fig)) for n, fig in enumerate(figs, 1)]
+        specs += [{"fig": fig.to_dict(), "name": name,
+                   "opts": {"format": "png", "width": fig.layout.width or PNG_SIZE[0],
+                            "height": fig.layout.height or PNG_SIZE[1]}} for fig, (name, _) in zip(figs, names)]
+        drawn.append(why or names)
     try:
-        # one browser for every figure (a launch per figure took 4 s); no MathJax: kaleido would
-        # fetch it from a CDN, and no title here is LaTeX (plotly.js itself comes from plotly's package)
-        kaleido.start_sync_server(mathjax=False, silence_warnings=True)
-        for i, rep in enumerate(reports):
-            figs, why = _figures(rep, cases[i] if cases and i < len(cases) else None)
-            stem = _page_name(str(rep.case_id), taken)[:-len(".html")]
-            links = []
-            for n, fig in enumerate(figs, 1):
-                with warnings.catch_warnings():  # plotly's own request headers, which the server keeps anyway
-                    warnings.filterwarnings("ignore", "The kopts argument is ignored", UserWarning)
-                    png = pio.to_image(fig, format="png", width=fig.layout.width or PNG_SIZE[0],
-                                       height=fig.layout.height or PNG_SIZE[1])
-                publish(folder / f"{stem}-{n}.png", png, overwrite=force)
-                links.append((f"{folder.name}/{stem}-{n}.png", _alt(fig)))
-            out.append(why or links)
+        with tempfile.TemporaryDirectory() as tmp:  # drawn there, then published (never over a file unasked)
+            for spec in specs:
+                spec["path"] = Path(tmp) / spec.pop("name")
+            # one browser for every figure (a launch per figure took 4 s); no MathJax: kaleido would
+            # fetch it from a CDN, and no title here is LaTeX (plotly.js comes from plotly's package)
+            if specs:
+                kaleido.write_fig_from_object_sync(specs, kopts={"mathjax": False}, cancel_on_error=True)
+            for spec in specs:
+                publish(folder / spec["path"].name, spec["path"].read_bytes(), overwrite=force)
     except Exception as e:  # no Chrome for kaleido, a browser that died: the report goes out without figures
         first = (str(e).strip().splitlines() or [""])[0]
         return [], f"No figures: the PNG export failed ({type(e).__name__}: {first})"
-    finally:
-        kaleido.stop_sync_server(silence_warnings=True)
-    return out, None
+    return [d if isinstance(d, str) else [(f"{folder.name}/{name}", alt) for name, alt in d] for d in drawn], None
 
 
 def write_report(reports, path: str | os.PathLike, force: bool = False, sources: list | None = None,

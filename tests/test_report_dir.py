@@ -129,3 +129,14 @@ def test_a_markdown_report_without_kaleido_says_so_in_a_line(capsys, tmp_path, m
     figures = text.split("### Figures\n\n")[1].split("\n\n")[0]
     assert figures == "No figures: PNG export needs kaleido (pip install 'kdkit[reports]'); the HTML report (.html) has them."
     assert [p.name for p in tmp_path.iterdir()] == ["r.md"]
+
+
+def test_a_markdown_report_whose_browser_is_missing_says_so_in_a_line(capsys, tmp_path, monkeypatch):
+    """kaleido installed, no Chrome where it looks: the report is written, its figures line says why."""
+    pytest.importorskip("kaleido")
+    monkeypatch.setenv("BROWSER_PATH", str(tmp_path / "no-chrome"))
+    target = tmp_path / "r.md"
+    assert main(["replay", str(DATA / "seed-shape.pt"), "--backends", "torch", "--report", str(target)]) == 0
+    figures = target.read_text().split("### Figures\n\n")[1].split("\n\n")[0]
+    assert figures.startswith("No figures: the PNG export failed (") and "\n" not in figures and "no-chrome" in figures
+    assert "Traceback" not in capsys.readouterr().err
