@@ -394,11 +394,17 @@ def _label(results: dict) -> str:
     return f"{results.get('gpu', '?')} ({results.get('date', '?')})"
 
 
+AUTO_ROW = "auto"    # the heatmap row of the NSPLIT the kernel picks by itself
+CELL_INSET = 0.42    # half the side of a cell's outline, in cells: inside the cell, clear of its neighbours' numbers
+
+
 def nsplit_heatmap(results: dict, metric: str = "gbps", bs: int = 1, q_len: int | None = None,
                    heads: int | None = None, graph: bool = False) -> go.Figure:
     """The CUDA kernel's NSPLIT (y) x prefix length (x) grid of `metric` ("gbps", "roofline_frac"
-    or "us"), one shape (bs, q_len, heads): the swept NSPLITs and, boxed in red, the one the kernel
-    chose by itself at each prefix (its own row when it is not among the swept ones)."""
+    or "us"), one shape (bs, q_len, heads): a row per swept NSPLIT (ascending) and, on top, apart
+    from them, one 'auto' row: the kernel's own choice at each prefix, its cells saying which NSPLIT
+    it picked ("n=11": a count the sweep may not have). Where the pick is a swept NSPLIT, that
+    cell carries a red outline drawn inside it."""
     from .perf import results as br
     bs, q_len, heads = br.pick_shape(results, bs, q_len, heads).values()
     sel = dict(backend="cuda", bs=bs, q_len=q_len, heads=heads, graph=graph)
@@ -407,26 +413,41 @@ def nsplit_heatmap(results: dict, metric: str = "gbps", bs: int = 1, q_len: int 
         raise ValueError(f"no cuda rows for bs={bs} q_len={q_len} heads={heads} graph={graph} "
                          f"in {_label(results)}; shapes there: {br.shapes(results)}")
     prefixes = sorted({r["prefix"] for r in swept + auto})
-    nsplits = sorted({r["nsplit"] for r in swept + auto})
-    z = np.full((len(nsplits), len(prefixes)), np.nan)
-    for r in swept + auto:
-        z[nsplits.index(r["nsplit"]), prefixes.index(r["prefix"])] = r[metric]
-    xs, ys = [str(p) for p in prefixes], [str(s) for s in nsplits]
+    nsplits = sorted({r["nsplit"] for r in swept})
+    # the automatic picks (11, 65, 66 ...) get a row of their own: interleaved with the swept powers
+    # of two they made the NSPLIT axis read as a sweep it was not
+    ys = [str(s) for s in nsplits] + ([AUTO_ROW] if auto else [])
+    z = np.full((len(ys), len(prefixes)), np.nan)
+    text = np.full(z.shape, "", dtype=object)        # what follows the number: the auto row's pick
+    picked = np.full(z.shape, "", dtype=object)       # the hover's NSPLIT
+    for r in swept:
+        j, i = nsplits.index(r["nsplit"]), prefixes.index(r["prefix"])
+        z[j, i], picked[j, i] = r[metric], str(r["nsplit"])
+    outlines, top = [], len(ys) - 1
+    for r in auto:
+        i = prefixes.index(r["prefix"])
+        z[top, i], text[top, i], picked[top, i] = r[metric], f"<br>n={r['nsplit']}", f"{r['nsplit']} (auto)"
+        j = nsplits.index(r["nsplit"]) if r["nsplit"] in nsplits else None
+        if j is not None and np.isfinite(z[j, i]):  # the pick measured in the sweep too: outlined inside its cell
+            outlines.append(dict(type="rect", xref="x", yref="y", x0=i - CELL_INSET, x1=i + CELL_INSET,
+                                 y0=j - CELL_INSET, y1=j + CELL_INSET, line={"color": "red", "width": 2}))
+    xs = [str(p) for p in prefixes]
     # .1%: most of a small-batch sweep sits below 0.5% of the roofline, which .0% wrote as "0%"
     fmt = {"gbps": ".0f", "roofline_frac": ".1%", "us": ".1f"}.get(metric, ".3g")
     what = METRIC_NAMES.get(metric, metric)
-    fig = go.Figure(go.Heatmap(z=z, x=xs, y=ys, colorscale="Viridis", colorbar={"title": what},
-                               texttemplate="%{z:" + fmt + "}", xgap=1, ygap=1,
-                               hovertemplate="prefix %{x} nsplit %{y}: %{z:" + fmt + "}<extra></extra>"))
-    if auto:
-        fig.add_trace(go.Scatter(x=[str(r["prefix"]) for r in auto], y=[str(r["nsplit"]) for r in auto],
-                                 mode="markers", name="automatic NSPLIT", hoverinfo="skip",
-                                 marker={"symbol": "square-open", "size": 30, "color": "red", "line": {"width": 3}}))
+    fig = go.Figure(go.Heatmap(z=z, x=xs, y=ys, text=text, customdata=picked, colorscale="Viridis",
+                               colorbar={"title": what}, texttemplate="%{z:" + fmt + "}%{text}", xgap=1, ygap=1,
+                               hovertemplate="prefix %{x}, NSPLIT %{customdata}: %{z:" + fmt + "}<extra></extra>"))
+    if auto and nsplits:  # a white rule between the sweep and the auto row
+        outlines.append(dict(type="line", xref="x domain", yref="y", x0=0, x1=1, y0=len(nsplits) - 0.5,
+                             y1=len(nsplits) - 0.5, line={"color": "white", "width": 4}))
+    fig.update_layout(shapes=outlines)
     shape = br.shape_text((swept + auto)[0])
     return _finish(fig, f"CUDA kernel {what}: NSPLIT x prefix",
-                   f"{shape}{', graph replay' if graph else ''}; {_label(results)}; red squares: the automatic NSPLIT",
+                   f"{shape}{', graph replay' if graph else ''}; {_label(results)}; "
+                   "auto row: the kernel's pick; red outline: it in the sweep",
                    xaxis={"title": "prefix length", "type": "category"},
-                   yaxis={"title": "NSPLIT", "type": "category"}, legend={"orientation": "h", "y": -0.2})
+                   yaxis={"title": "NSPLIT", "type": "category", "categoryorder": "array", "categoryarray": ys})
 
 
 def nsplit_lines(results: dict, bs: int = 1, q_len: int | None = None, heads: int | None = None,

@@ -3,6 +3,8 @@ a self-contained Markdown or HTML report of one or more ReplayReports.
 
 An HTML report is viewable offline: plotly.js is inlined once (about 4.6 MB) ahead of the first
 figure (a report folder's pages share one copy beside them instead); without plotly, or when a figure cannot be drawn, the report says why and has no figures.
+A Markdown report's figures are PNGs in a folder beside it (<stem>-figures/), drawn by kaleido
+where it is installed (it drives a local Chrome or Chromium); elsewhere one line says why not.
 A report never overwrites an existing file unless asked (force=True / --force): by default a
 `-YYYYmmdd-HHMMSS` suffix is added to the name and the path actually written is returned.
 """
@@ -14,6 +16,7 @@ import os
 import re
 import sys
 import platform
+import tempfile
 from importlib import metadata
 from pathlib import Path
 
@@ -305,7 +308,10 @@ def free_path(path: str | os.PathLike, force: bool = False) -> Path:
     return cand
 
 
-def render_markdown(reports: list, sources: list | None = None, stopped: list | None = None) -> str:
+def render_markdown(reports: list, sources: list | None = None, stopped: list | None = None,
+                    pngs: list | None = None, pngs_note: str | None = None) -> str:
+    """The Markdown report. pngs[i]: report i's figures, [(path relative to the report, alt text)],
+    or the line saying why it has none (write_pngs); pngs_note: that line for every report."""
     m = machine()
     out = ["# kdkit replay report", "",
            f"Written {_dt.datetime.now().astimezone().isoformat(timespec='seconds')} by kdkit {m['kdkit']}.",
@@ -321,6 +327,11 @@ def render_markdown(reports: list, sources: list | None = None, stopped: list | 
         out += [_md(_summary(rep)), "", f"**Result: {_md(line) if ok else 'FAIL (' + _md(line) + ')'}**", "",
                 "### Lint", "", *_fenced(lint_text), "",
                 "### Backends", "", *_fenced(table), "", *_fenced(table_legend(rep)), ""]
+        figs = pngs[i] if pngs and i < len(pngs) else pngs_note
+        if isinstance(figs, str):
+            out += ["### Figures", "", _md(figs), ""]
+        elif figs:
+            out += ["### Figures", ""] + [f"![{alt}](<{png}>)" for png, alt in figs] + [""]
         if ran(rep):
             out += ["### What ran", ""] + [f"- {line}" for line in ran(rep)] + [""]
         seeds = list(rep.seed_lines())
@@ -408,6 +419,50 @@ def write_plotly_js(out_dir: Path, force: bool = False) -> str:
     return path.name
 
 
+PNG_SIZE = (900, 560)   # px: the figures' width and default height in a Markdown report (a viewer scales them down)
+
+
+def _alt(fig) -> str:
+    """A figure's title head as Markdown alt text: plain, one line, no brackets to end it early."""
+    head = str(fig.layout.title.text or "figure").split("<br>")[0]
+    return re.sub(r"[\[\]\\]", "", _md(re.sub("<[^>]+>", "", head)))
+
+
+def write_pngs(reports: list, cases: list | None, target: Path, force: bool = False) -> tuple[list, str | None]:
+    """Each report's figures as PNGs in a folder beside the Markdown file `target` (<stem>-figures/),
+    drawn by kaleido (plotly's static export, which drives a local Chrome or Chromium):
+    ([per report: [(path relative to target, alt text), ...] or why it has none], None), or
+    ([], the one line the Markdown says instead: no kaleido, no browser for it, a failed export)."""
+    try:
+        import kaleido
+    except ImportError:
+        return [], "No figures: PNG export needs kaleido (pip install 'kdkit[reports]'); the HTML report (.html) has them."
+    folder = free_path(target.with_name(f"{page_stem(target.stem)}-figures"), force)
+    drawn, specs, taken = [], [], set()
+    for i, rep in enumerate(reports):
+        figs, why = _figures(rep, cases[i] if cases and i < len(cases) else None)
+        stem = _page_name(str(rep.case_id), taken)[:-len(".html")]
+        names = [(f"{stem}-{n}.png", _alt(fig)) for n, fig in enumerate(figs, 1)]
+        specs += [{"fig": fig.to_dict(), "name": name,
+                   "opts": {"format": "png", "width": fig.layout.width or PNG_SIZE[0],
+                            "height": fig.layout.height or PNG_SIZE[1]}} for fig, (name, _) in zip(figs, names)]
+        drawn.append(why or names)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:  # drawn there, then published (never over a file unasked)
+            for spec in specs:
+                spec["path"] = Path(tmp) / spec.pop("name")
+            # one browser for every figure (a launch per figure took 4 s); no MathJax: kaleido would
+            # fetch it from a CDN, and no title here is LaTeX (plotly.js comes from plotly's package)
+            if specs:
+                kaleido.write_fig_from_object_sync(specs, kopts={"mathjax": False}, cancel_on_error=True)
+            for spec in specs:
+                publish(folder / spec["path"].name, spec["path"].read_bytes(), overwrite=force)
+    except Exception as e:  # no Chrome for kaleido, a browser that died: the report goes out without figures
+        first = (str(e).strip().splitlines() or [""])[0]
+        return [], f"No figures: the PNG export failed ({type(e).__name__}: {first})"
+    return [d if isinstance(d, str) else [(f"{folder.name}/{name}", alt) for name, alt in d] for d in drawn], None
+
+
 def write_report(reports, path: str | os.PathLike, force: bool = False, sources: list | None = None,
                  cases: list | None = None, stopped: list | None = None, figures: bool = True) -> Path:
     """Write `reports` (one ReplayReport or a list) as Markdown (.md) or HTML (.html).
@@ -423,9 +478,12 @@ def write_report(reports, path: str | os.PathLike, force: bool = False, sources:
     kind = FORMATS.get(path.suffix.lower())
     if kind is None:
         raise ValueError(f"{path}: a report is .md (Markdown) or .html (HTML); got suffix {path.suffix!r}")
-    text = (render_markdown(reports, sources, stopped) if kind == "markdown"
-            else render_html(reports, sources, figures=figures, cases=cases, stopped=stopped))
     target = free_path(path, force)
+    if kind == "markdown":
+        pngs, note = write_pngs(reports, cases, target, force) if figures else ([], None)
+        text = render_markdown(reports, sources, stopped, pngs, note)
+    else:
+        text = render_html(reports, sources, figures=figures, cases=cases, stopped=stopped)
     publish(target, text, overwrite=force)
     return target
 

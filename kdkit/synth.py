@@ -63,6 +63,23 @@ def peak_bytes(prefixes: Sequence[int], q_lens: Sequence[int], heads: int) -> in
             + 2 * sum(q * (p + q) for p, q in zip(prefixes, q_lens)))
 
 
+def synth_id(tree: str, bs: int, prefixes, q_lens, heads: int, seed: int, layout: str = "sglang",
+             sm_scale: float = KIMI_SM_SCALE, logit_cap: float = 0.0, magnitude: float = 1.0) -> str:
+    """A synthetic case's default id: its shape and seed, then whatever else changes its numbers
+    (layout, scale, cap, magnitude), each only when not the default: two cases that differ there
+    got one id, and the default ids stay what they were."""
+    parts = [f"synth-{tree}-bs{bs}-p{max(prefixes)}-q{max(q_lens)}-h{heads}-s{seed}"]
+    if layout != "sglang":
+        parts.append(layout)
+    if sm_scale != KIMI_SM_SCALE:
+        parts.append(f"scale{sm_scale:g}")
+    if logit_cap:
+        parts.append(f"cap{logit_cap:g}")
+    if magnitude != 1.0:
+        parts.append(f"mag{magnitude:g}")
+    return "-".join(parts)
+
+
 def make_case(bs: int = 1, prefix: int | Sequence[int] = 21, q_len: int | Sequence[int] = 9,
               heads: int = KIMI_HEADS_PER_RANK, tree: str = "ddtree", seed: int = 0,
               layout: str = "sglang", sm_scale: float = KIMI_SM_SCALE, logit_cap: float = 0.0,
@@ -118,7 +135,7 @@ def make_case(bs: int = 1, prefix: int | Sequence[int] = 21, q_len: int | Sequen
         kv_buffer, slot_ids = pool, torch.arange(n_pool)
     else:
         kv_buffer, kv_indices, out_cache_loc, slot_ids = compact(pool, kv_indices, out_cache_loc)
-    case_id = case_id or f"synth-{tree}-bs{bs}-p{max(prefixes)}-q{max(q_lens)}-h{H}-s{seed}"
+    case_id = case_id or synth_id(tree, bs, prefixes, q_lens, H, seed, layout, sm_scale, logit_cap, magnitude)
     meta = new_meta("synthetic", case_id=case_id, model="Kimi-K2.6 shapes (synthetic)",
                     layer_id=None, tp_rank=0, step=0, forward_mode="TARGET_VERIFY",
                     note=note or f"synthetic {tree} tree, seed {seed}, magnitude {magnitude}")

@@ -355,7 +355,8 @@ def test_demo_report_is_one_file_it_overwrites(capsys, tmp_path, seed_case_path)
     for _ in range(2):
         rc, _, err = run(capsys, "replay", seed_case_path, "--backends", "torch", "--report", target, "--force")
         assert rc == 0, err
-    assert files_under(tmp_path) == [target.relative_to(tmp_path)]
+    figures = tmp_path / "demo-figures"                     # the Markdown's PNGs (where kaleido is), replaced too
+    assert [p for p in files_under(tmp_path) if figures not in (tmp_path / p).parents] == [target.relative_to(tmp_path)]
 
 
 # ---- progress on slow work -----------------------------------------------------------------------
@@ -690,3 +691,38 @@ def test_inspect_dir_names_a_dangling_case_link(capsys, tmp_path):
     (d / "gone.pt").symlink_to(tmp_path / "nowhere.pt")
     rc, out, err = run(capsys, "inspect", d)
     assert rc == 2 and "gone.pt" in err
+
+
+def test_synthetic_cases_that_differ_in_layout_magnitude_or_cap_get_their_own_ids(capsys, tmp_path):
+    """Issue 33: two cases apart only in layout, magnitude or logit cap had one id (one report page,
+    one JUnit name for both). The defaults add nothing: the ids written so far stay."""
+    variants = {"default": [], "unified": ["--layout", "unified"], "mag8": ["--magnitude", "8"],
+                "cap30": ["--logit-cap", "30"], "scale": ["--sm-scale", "0.1"],
+                "all": ["--layout", "unified", "--magnitude", "8", "--logit-cap", "30"]}
+    ids = {}
+    for name, extra in variants.items():
+        rc, out, err = run(capsys, "synth", "--out", tmp_path / f"{name}.pt", "--prefix", "5", "--q-len", "3", *extra)
+        assert rc == 0, err
+        ids[name] = load(tmp_path / f"{name}.pt").case_id
+    assert ids["default"] == "synth-ddtree-bs1-p5-q3-h8-s0"
+    assert len(set(ids.values())) == len(ids), ids
+    assert ids["all"] == "synth-ddtree-bs1-p5-q3-h8-s0-unified-cap30-mag8"
+
+
+def test_a_missing_output_folder_is_made_and_said(capsys, tmp_path, monkeypatch):
+    """Issue 33: a mistyped output path grew folders unseen (as root, at /). Each one a command
+    makes is named on stderr, once; a folder already there is not."""
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = run(capsys, "synth", "--out", "new/cases/c.pt")
+    assert rc == 0 and err.splitlines() == ["kdkit: created new/cases"] and (tmp_path / "new/cases/c.pt").is_file()
+    case = "new/cases/c.pt"
+    rc, out, err = run(capsys, "replay", case, "--backends", "torch", "--report", "new/r/x.html",
+                       "--junit", "new/j/j.xml", "--json", "new/cases/r.json")
+    assert rc == 0, err
+    assert [ln for ln in err.splitlines() if "created" in ln] == ["kdkit: created new/r", "kdkit: created new/j"]
+    assert (tmp_path / "new/r/x.html").is_file() and (tmp_path / "new/j/j.xml").is_file()
+    rc, out, err = run(capsys, "report", case, "--backends", "torch", "-o", "new/pages/deeper")
+    assert rc == 0 and "kdkit: created new/pages/deeper" in err.splitlines()
+    assert (tmp_path / "new/pages/deeper/index.html").is_file()
+    rc, out, err = run(capsys, "report", case, "--backends", "torch", "-o", "new/pages/deeper")
+    assert rc == 0 and "created" not in err

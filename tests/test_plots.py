@@ -230,10 +230,9 @@ def test_bench_figures_from_the_fixture():
     results = bench_results.load(FIXTURE)
     heat = plots.nsplit_heatmap(results, "gbps")
     z = np.asarray(heat.data[0].z, dtype=float)
-    assert z.shape == (6, 5) and np.isfinite(z).all()                      # NSPLIT x prefix
-    auto = heat.data[1]
-    want = {str(r["prefix"]): str(r["nsplit"]) for r in bench_results.select(results, backend="cuda", nsplit_auto=True, graph=False)}
-    assert dict(zip(auto.x, auto.y)) == want
+    assert z.shape == (6 + 1, 5) and np.isfinite(z).all()                  # (NSPLIT + auto) x prefix
+    want = {str(r["prefix"]): f"<br>n={r['nsplit']}" for r in bench_results.select(results, backend="cuda", nsplit_auto=True, graph=False)}
+    assert dict(zip(heat.data[0].x, heat.data[0].text[-1])) == want         # the auto row names its pick
     assert results["gpu"] in heat.layout.title.text and results["date"] in heat.layout.title.text
     back = plots.backends_vs_prefix(results)
     assert {t.name for t in back.data} >= {"kdkit CUDA kernel", "SGLang Triton extend", "roofline floor"}
@@ -243,13 +242,53 @@ def test_bench_figures_from_the_fixture():
         plots.nsplit_heatmap(results, bs=64)
 
 
+def _cells_hit(shape) -> set:
+    """The (column, row) cells whose centre, where the heatmap writes the number, a shape covers."""
+    xs = np.arange(np.floor(shape.x0), np.ceil(shape.x1) + 1)
+    ys = np.arange(np.floor(shape.y0), np.ceil(shape.y1) + 1)
+    return {(int(x), int(y)) for x in xs for y in ys if shape.x0 <= x <= shape.x1 and shape.y0 <= y <= shape.y1}
+
+
+def test_nsplit_heatmap_keeps_the_sweep_and_the_automatic_pick_apart():
+    """The automatic NSPLITs that are not powers of two (11, 65, 66 on the H200) sit in one 'auto'
+    row above the swept ones instead of between them, and each red outline stays inside the one
+    cell of the swept NSPLIT the kernel picked: no outline crosses another cell's number."""
+    results = json.loads(FIXTURE.read_text())
+    picks = {21: 11, 1024: 2, 32768: 66}                                    # two picks the sweep lacks
+    for r in results["rows"]:
+        if r["backend"] == "cuda" and r["nsplit_auto"] and r["bs"] == 1 and r["q_len"] == 9 and r["prefix"] in picks:
+            r["nsplit"] = picks[r["prefix"]]
+    heat = plots.nsplit_heatmap(results, "gbps")
+    hm = heat.data[0]
+    assert [t.type for t in heat.data] == ["heatmap"]
+    assert list(hm.y) == ["1", "2", "4", "8", "16", "32", "auto"]           # the sweep ascending, auto on top
+    assert list(heat.layout.yaxis.categoryarray) == list(hm.y)
+    text = dict(zip(hm.x, hm.text[-1]))
+    assert text["21"] == "<br>n=11" and text["32768"] == "<br>n=66" and text["1024"] == "<br>n=2"
+    assert all(t == "" for row in hm.text[:-1] for t in row)               # swept cells: the number alone
+    assert "%{text}" in hm.texttemplate and "auto" in heat.layout.title.text
+    boxes = [s for s in heat.layout.shapes if s.type == "rect"]
+    auto = {r["prefix"]: r["nsplit"] for r in bench_results.select(results, backend="cuda", nsplit_auto=True,
+                                                                    bs=1, q_len=9, heads=8, graph=False)}
+    want = {(list(hm.x).index(str(p)), list(hm.y).index(str(n))) for p, n in auto.items() if str(n) in hm.y}
+    assert len(want) == len(auto) - 2                                       # 11 and 66 get no outline
+    hit = [_cells_hit(s) for s in boxes]
+    assert all(len(h) == 1 for h in hit)                                    # each covers its own cell's number only
+    assert set().union(*hit) == want
+    for s in boxes:                                                         # and stays inside that cell
+        (x, y), = _cells_hit(s)
+        assert x - 0.5 < s.x0 < s.x1 < x + 0.5 and y - 0.5 < s.y0 < s.y1 < y + 0.5
+    (rule,) = [s for s in heat.layout.shapes if s.type == "line"]           # between the sweep and auto
+    assert rule.y0 == rule.y1 == len(hm.y) - 1.5
+
+
 def test_bench_figures_read_at_small_fractions():
     """The roofline heatmap's cells keep one decimal (most of a small-batch sweep is below 0.5%,
     which '.0%' wrote as 0%), its colour bar says what it is; the GB/s lines are on a log axis, so
     the device copy line (often 10x the kernel's GB/s) does not squeeze them to the bottom."""
     results = bench_results.load(FIXTURE)
     roof = plots.nsplit_heatmap(results, "roofline_frac")
-    assert roof.data[0].texttemplate == "%{z:.1%}" and roof.data[0].colorbar.title.text == "fraction of roofline"
+    assert roof.data[0].texttemplate == "%{z:.1%}%{text}" and roof.data[0].colorbar.title.text == "fraction of roofline"
     assert plots.nsplit_heatmap(results, "gbps").data[0].colorbar.title.text == "GB/s"
     lines = plots.nsplit_lines(results)
     assert lines.layout.yaxis.type == "log"

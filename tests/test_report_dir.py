@@ -1,8 +1,10 @@
 """`kdkit report DIR -o OUT`: one self-contained HTML page per case and an index with pass/fail."""
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import sys
 
 import pytest
 
@@ -91,3 +93,50 @@ def test_the_results_table_has_a_legend(tmp_path):
         assert re.search(rf"^{col} +\S", legend, re.M), col
     assert "oracle's own row is the reference" in legend and "docs/judge.md" in legend
     assert "no production path was asked for" in legend
+
+
+def _a_browser() -> bool:
+    """kaleido drives a local Chrome or Chromium (found on PATH, or BROWSER_PATH)."""
+    return bool(os.environ.get("BROWSER_PATH") or any(shutil.which(b) for b in
+                                                      ("chromium", "chromium-browser", "google-chrome", "chrome")))
+
+
+def test_a_markdown_report_has_its_figures_as_pngs_beside_it(capsys, tmp_path):
+    """Issue 33: the Markdown report had no figures. With kaleido (and a browser for it) each
+    case's figures are PNGs in <stem>-figures/ beside the .md, linked from it."""
+    pytest.importorskip("kaleido")
+    if not _a_browser():
+        pytest.skip("kaleido finds no Chrome or Chromium here (set BROWSER_PATH)")
+    target = tmp_path / "r.md"
+    cases = [str(DATA / "seed-shape.pt"), str(DATA / "failures" / "mask-indptr-sliced.pt")]
+    assert main(["replay", *cases, "--backends", "oracle,torch", "--report", str(target)]) == 1
+    text = target.read_text()
+    links = re.findall(r"^!\[([^\]]*)\]\(<([^>]+)>\)$", text, re.M)
+    assert len(links) == 6 + 1, text                       # the seed case's six figures, the failure's layout one
+    for alt, rel in links:
+        png = (target.parent / rel).read_bytes()
+        assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 5_000, rel   # a drawn picture, not an empty one
+        assert rel.startswith("r-figures/") and alt
+    assert "failure-mask-indptr-sliced: the index arrays" in text.split("## failure-mask-indptr-sliced")[1]
+    assert "No figures" not in text
+
+
+def test_a_markdown_report_without_kaleido_says_so_in_a_line(capsys, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "kaleido", None)      # as where it is not installed: import fails
+    target = tmp_path / "r.md"
+    assert main(["replay", str(DATA / "seed-shape.pt"), "--backends", "torch", "--report", str(target)]) == 0
+    text = target.read_text()
+    figures = text.split("### Figures\n\n")[1].split("\n\n")[0]
+    assert figures == "No figures: PNG export needs kaleido (pip install 'kdkit[reports]'); the HTML report (.html) has them."
+    assert [p.name for p in tmp_path.iterdir()] == ["r.md"]
+
+
+def test_a_markdown_report_whose_browser_is_missing_says_so_in_a_line(capsys, tmp_path, monkeypatch):
+    """kaleido installed, no Chrome where it looks: the report is written, its figures line says why."""
+    pytest.importorskip("kaleido")
+    monkeypatch.setenv("BROWSER_PATH", str(tmp_path / "no-chrome"))
+    target = tmp_path / "r.md"
+    assert main(["replay", str(DATA / "seed-shape.pt"), "--backends", "torch", "--report", str(target)]) == 0
+    figures = target.read_text().split("### Figures\n\n")[1].split("\n\n")[0]
+    assert figures.startswith("No figures: the PNG export failed (") and "\n" not in figures and "no-chrome" in figures
+    assert "Traceback" not in capsys.readouterr().err

@@ -89,9 +89,22 @@ def load_case(path, allow_nonfinite: bool = False):
     return case
 
 
-def check_out(path: Path, kinds: dict) -> None:
-    """An output path is usable: a known suffix, and a directory that exists or can be made."""
-    if path.suffix.lower() not in kinds:
+def make_folder(folder: Path) -> None:
+    """A missing output folder is made, and said so on stderr: a mistyped path would otherwise grow
+    a tree of folders unseen (as root, at /). Every command's output path comes through here."""
+    if folder.is_dir():
+        return
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise BadInput(f"{folder}: cannot create the folder ({e.strerror})")
+    err(f"created {folder}")
+
+
+def check_out(path: Path, kinds: dict | None = None) -> None:
+    """An output path is usable: a known suffix (any when kinds is None), not a directory, and a
+    folder that takes a new file (made now, said so, when missing)."""
+    if kinds is not None and path.suffix.lower() not in kinds:
         raise BadInput(f"{path}: the suffix must be one of {', '.join(sorted(kinds))}")
     if path.is_dir():
         raise BadInput(f"{path}: is a directory; give a file name")
@@ -101,3 +114,4 @@ def check_out(path: Path, kinds: dict) -> None:
             pass
     except OSError as e:
         raise BadInput(f"{path}: cannot write under {parent} ({e.strerror})")
+    make_folder(path.parent)

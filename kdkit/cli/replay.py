@@ -208,6 +208,8 @@ def check_result_files(args) -> None:
     for flag, path in (("--junit", args.junit), ("--json", args.json)):
         if path is not None and path.is_dir():
             raise BadInput(f"{flag} {path}: a directory; give a file name (e.g. {path / ('kdkit.' + flag[2:])})")
+        if path is not None:
+            check_out(path)
 
 
 def finish(done: Replayed, args) -> None:
@@ -245,10 +247,11 @@ def run(args) -> int:
     Exit 1 if a backend fails or errors, the lint finds errors, or a requested backend was skipped
     (unless --allow-skip)."""
     from ..report import FORMATS
+    files = usable_cases(args.cases)  # first: a refused input leaves no output folder made
     if args.report:
         check_out(args.report, FORMATS)
     check_result_files(args)
-    done = replay_all(args, usable_cases(args.cases))
+    done = replay_all(args, files)
     rc = done.rc
     if args.report:
         rc = max(rc, write_one(done, args.report, args.force))

@@ -5,7 +5,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from .common import EXIT_PROBLEM, BadInput, check_out, err, load_case
+from .common import EXIT_PROBLEM, BadInput, check_out, err, load_case, make_folder
 from .replay import (add_common_arguments, against_runs, check_result_files, finish, replay_all, usable_cases,
                      write_one)
 
@@ -36,7 +36,7 @@ def run(args) -> int:
     if not against_runs(args):  # before the directory is made: nothing will go in it
         return EXIT_PROBLEM
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        make_folder(out)
         with tempfile.TemporaryFile(dir=out):  # writable: found before the replay, not after it
             pass
     except OSError as e:

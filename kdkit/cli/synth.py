@@ -51,7 +51,6 @@ def run(args) -> int:
     from ..case import CaseError
     from ..synth import make_case, memory_limit_bytes, peak_bytes
     out = args.out
-    check_out(out, {".pt": "case"})
     lists = [len(v) for v in (args.prefix, args.q_len) if len(v) > 1]
     if args.bs is None and len(set(lists)) > 1:
         raise BadInput(f"--prefix has {len(args.prefix)} values and --q-len {len(args.q_len)}: "
@@ -65,6 +64,7 @@ def run(args) -> int:
                        f"--heads {args.heads}: building it takes about {need / 2**30:.0f} GiB, more than the "
                        f"{memory_limit_bytes() / 2**30:.0f} GiB this machine can give it; "
                        "choose a smaller prefix, q_len or batch")
+    check_out(out, {".pt": "case"})  # after the checks above: a refused synth makes no folder
     if out.exists() and not args.force:
         err(f"{out} exists; pass --force to replace it")
         return EXIT_PROBLEM
