@@ -128,3 +128,15 @@ def hostile_case(tmp_path) -> tuple[Path, Path]:
     """(hostile file, marker path that exists only if the payload ran)."""
     marker = tmp_path / "PAYLOAD_RAN"
     return write_hostile(tmp_path / "hostile.pt", marker), marker
+
+
+@pytest.fixture(autouse=True)
+def _registry_per_test():
+    """Backends a test registers (a spec it named, register(), an installed entry point it found)
+    are forgotten after it: the registry is per process, and a later test that loops over every
+    backend (test_backends) must not meet another test's kernel (one left broken on purpose)."""
+    from kdkit.backends import registry
+    before = set(registry.BACKENDS)
+    yield
+    for name in set(registry.BACKENDS) - before:
+        registry.unregister(name)

@@ -243,6 +243,26 @@ def test_starter_passes_bundled_cases(name, nsplit):
 
 
 @gpu
+def test_prepared_launch_owns_what_it_points_at():
+    """prepare() once bound the case's device copies and let them go: the launch then read freed
+    memory, and `kdkit bench` at 1 x 32K hit an illegal address on the H200 once the allocator gave
+    the blocks back. The prepared launch must hold what its pointers point into."""
+    import gc
+
+    from kdkit import shapes
+    case = shapes.make_case({"bs": 1, "prefix": 32768, "q_len": 9, "heads": 8, "seed": 1})
+    p = load_backend(STARTER).prepare(case)
+    gc.collect()
+    torch.cuda.empty_cache()
+    junk = torch.full((64 << 20,), float("nan"), device="cuda")  # reuses whatever was given back
+    p.launch()
+    res = p.result()
+    del junk
+    v = _judge(case, res)
+    assert v.passed, v.reasons
+
+
+@gpu
 @pytest.mark.parametrize("name", [n for n in heavy_cases.names() if n not in heavy_cases.BUNDLED])
 def test_starter_passes_generated_probes(name):
     case = heavy_cases.make(name)

@@ -377,6 +377,10 @@ class CudaKernel:
     def _prepare_case(self, case, **opts) -> Prepared:
         p, x = self._plan_case(case, opts)
         p.bind(x["q"], x["k"], x["v"], x["kv_buffer"])
+        # the bound pointers point into x (the case's device copies, the metadata the plan reads):
+        # the plan keeps them alive as long as it can be launched (freed, a launch read freed memory:
+        # an illegal address on the H200 once the allocator gave the blocks back)
+        p._keep.append(x)
         info = self._info(p)
         return Prepared(launch=p.launch, result=lambda: Result(p.out.clone(), p.lse.clone(), info),
                         graph_safe=True, info=info)
