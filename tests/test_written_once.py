@@ -49,6 +49,8 @@ def test_dims_and_sm_count_are_written_once():
     stray = []
     for path in sorted(KDKIT.rglob("*.py")):
         rel = path.relative_to(KDKIT).as_posix()
+        if rel.startswith("byok/starters/"):
+            continue  # templates `kdkit new-kernel` copies into a user's package: their own code, self-contained
         lines = path.read_text().splitlines()
         for node in ast.walk(ast.parse("\n".join(lines))):
             if isinstance(node, ast.Constant) and type(node.value) is int and node.value in DEFINED_AT:

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from ..backends import Prepared, Result
+from ..constants import V_HEAD_DIM
 from ..kernel import jit
 from ..kernel.api import Metadata, tensor_signature
 from ..kernel.launch import current_raw_stream
@@ -497,7 +498,7 @@ class CudaKernel:
             require(all(s >= 0 for s in shape) and nbytes <= WORKSPACE_LIMIT, w.name,
                     f"shape {shape} ({nbytes >> 20} MiB) at {_show_problem(prob)}; at most {WORKSPACE_LIMIT >> 30} GiB")
             ws[w.name] = torch.empty(shape, dtype=w.dtype, device=dev)
-        out = torch.empty(T, H, 512, dtype=torch.bfloat16, device=dev)
+        out = torch.empty(T, H, V_HEAD_DIM, dtype=torch.bfloat16, device=dev)
         lse = torch.empty(T, H, dtype=torch.float32, device=dev)
         fixed = {"qo_indptr": batch.qo_indptr, "kv_indptr": batch.kv_indptr, "kv_indices": batch.kv_indices,
                  "custom_mask": custom_mask, "mask_indptr": batch.mask_indptr, **ws}

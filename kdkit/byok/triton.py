@@ -49,6 +49,7 @@ from typing import Callable
 import torch
 
 from .. import sglang_source
+from ..constants import QK_DIM as DQK, V_HEAD_DIM as DV
 from ..backends import BackendUnavailable, Prepared, Result
 from ..kernel.checks import InputError, require
 from .batch import as_uint8, case_batch, sglang_case
@@ -57,7 +58,6 @@ TENSORS = ("q", "k", "v", "kv_buffer", "qo_indptr", "kv_indptr", "kv_indices", "
            "mask_indptr", "out", "lse")
 SCALARS = ("bs", "num_heads", "num_tokens", "max_q_len", "max_kv_len", "sm_scale", "logit_cap", "causal")
 INDEX = ("qo_indptr", "kv_indptr", "kv_indices", "mask_indptr")
-DQK, DV = 576, 512
 OPTION_TYPES = (bool, int, float)
 
 
