@@ -27,6 +27,6 @@ def run(args) -> int:
     print(f"kdkit: wrote {args.dir}/ ({args.lang}): {name}/{starter.KERNEL_FILE[args.lang]} is the kernel, "
           f"{name}/backend.py its backend")
     print(f"next:  pip install -e {args.dir}  (then it is in --backends all)")
-    print(f"       kdkit replay data/captured_tensors --backends oracle,{name}")
+    print(f"       kdkit replay data/captured_tensors/*.pt --backends oracle,{name}")
     print(f"       pytest {args.dir}/tests")
     return EXIT_OK
