@@ -119,7 +119,7 @@ def replay_cases(name: str, paths, progress: bool = True) -> list[Run]:
     a LINT_CLEAN kernel not launched on a mis-marshaled case). A file that cannot be loaded is a
     Run that says why."""
     runs = []
-    for p in nb._progress(paths, progress, desc=f"replaying {name}", unit="case"):
+    for p in nb.progress_bar(paths, progress, desc=f"replaying {name}", unit="case"):
         try:
             case = load(p)
         except Exception as e:
@@ -173,7 +173,7 @@ def margin_figure(runs: list[Run], name: str) -> go.Figure:
     if missing:
         detail += "; not judged: " + ", ".join(missing)
     fig.update_yaxes(type="log", title_text="value / limit")
-    return plots._finish(fig, f"{name}: how close each case is to its limit", detail, xaxis_title="case")
+    return plots.finish(fig, f"{name}: how close each case is to its limit", detail, xaxis_title="case")
 
 
 def _nearest(run: Run, name: str) -> str:
@@ -240,7 +240,7 @@ class Bugs:
         caught = sum(s == "caught" for row in self.status.values() for s in row.values())
         total = sum(len(row) for row in self.status.values())
         fig.update_yaxes(autorange="reversed")
-        return plots._finish(fig, "the judge on these cases: kdkit's planted bugs (torch backend)",
+        return plots.finish(fig, "the judge on these cases: kdkit's planted bugs (torch backend)",
                              f"{caught} of {total} caught; colour: log10(worst check / its limit)",
                              xaxis_title="case", height=max(320, 28 * len(ms) + 140))
 
@@ -326,7 +326,7 @@ def sweep(name: str, shape_list, values=(1, 2, 4, 8, 16, 32, 64), options=None) 
                     (row, *_) = g.one(name, shape, case, ref, {opt: v}, first=False)
                     rows.append({**base, "us": row.get("us"), "gbps": row.get("gbps"), "verdict": row.get("verdict")})
                 except Exception as e:  # a value the kernel refuses: said, the sweep goes on
-                    rows.append({**base, "us": None, "verdict": f"did not run: {bench._why(e)}"})
+                    rows.append({**base, "us": None, "verdict": f"did not run: {bench.short_reason(e)}"})
     return rows
 
 
@@ -354,7 +354,7 @@ def timing_figure(results: dict, name: str) -> go.Figure:
     for b, rows in by.items():
         fig.add_trace(go.Bar(name=b, x=[r["shape"] for r in rows], y=[r["us"] for r in rows]))
     fig.update_yaxes(type="log", title_text="us (median)")
-    return plots._finish(fig, f"{name} beside {', '.join(RIVALS)} on {results['gpu']}",
+    return plots.finish(fig, f"{name} beside {', '.join(RIVALS)} on {results['gpu']}",
                          f"each configuration judged before it was timed ({results['date']})",
                          xaxis_title="shape (bs x prefix, q_len, heads)", barmode="group")
 
@@ -371,7 +371,7 @@ def sweep_figure(rows: list[dict], name: str) -> go.Figure:
     opts = ", ".join(dict.fromkeys(r["option"] for r in rows))
     fig.update_xaxes(type="log", title_text="value")
     fig.update_yaxes(title_text="us (median)")
-    return plots._finish(fig, f"{name}: its integer options swept ({opts})",
+    return plots.finish(fig, f"{name}: its integer options swept ({opts})",
                          "each value judged before it was timed; the large marker: the default")
 
 

@@ -385,7 +385,7 @@ def capture_rows(directory, backends="oracle,torch", limit: int | None = None,
     rows = []
     root = resolve(directory)
     files = case_files(root)[:limit]
-    for p in _progress(files, progress, desc="replaying cases", unit="case"):
+    for p in progress_bar(files, progress, desc="replaying cases", unit="case"):
         m = CAPTURE_NAME.match(p.stem)
         row = {"file": str(p.relative_to(root)) if root in p.parents else p.name, "path": str(p),
                "layer": m and int(m["layer"]), "rank": m and int(m["rank"]), "step": m and int(m["step"])}
@@ -412,7 +412,7 @@ def capture_rows(directory, backends="oracle,torch", limit: int | None = None,
     return rows
 
 
-def _progress(items, show: bool, **kw):
+def progress_bar(items, show: bool, **kw):
     """items wrapped in tqdm.auto's bar when `show` (notebook-friendly: an ipywidgets bar in a
     Jupyter kernel that has ipywidgets, text on stderr elsewhere)."""
     if not show:

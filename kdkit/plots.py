@@ -39,7 +39,7 @@ def title(head: str, detail: str | None = None) -> dict:
     return {"text": text, "x": 0.0, "xref": "paper", "xanchor": "left", "font": {"size": TITLE_SIZE}}
 
 
-def _finish(fig: go.Figure, head: str, detail: str | None = None, **layout) -> go.Figure:
+def finish(fig: go.Figure, head: str, detail: str | None = None, **layout) -> go.Figure:
     fig.update_layout(title=title(head, detail), margin={"t": 80 if detail else 56, "r": 24, "l": 64},
                       **layout)
     return fig
@@ -156,7 +156,7 @@ def error_heatmap(m: Metrics | Verdict, case_id: str, backend: str, against: str
     where = f" at token {t} head {h} dim {d}" if z.size else " (the case has no query rows)"
     detail = (f"max |diff| per head x query token; worst {m.max_abs:.2e}{where}"
               + (f", limit {limit:.2e}" if limit is not None else ""))
-    return _finish(fig, f"{case_id}: {backend} vs {against}", detail,
+    return finish(fig, f"{case_id}: {backend} vs {against}", detail,
                    xaxis_title="query token", yaxis_title="head")
 
 
@@ -177,7 +177,7 @@ def kv_profile(case, token: int, head: int, backend: str | None = None, probs=No
     _kv_strip(fig, vis, prefix_len)
     fig.update_yaxes(title_text="probability", row=1, col=1)
     who = f", worst row of {backend}" if backend else ""
-    return _finish(fig, f"{case.case_id}: oracle probabilities",
+    return finish(fig, f"{case.case_id}: oracle probabilities",
                    f"token {token} head {head} (request {b} row {i}{who}); "
                    f"{int(vis.sum())} of {vis.shape[0]} KV columns visible",
                    showlegend=False)
@@ -253,7 +253,7 @@ def kv_error(case, report, backend: str, token: int | None = None, head: int | N
         how = (f"least squares, {nvis} visible" if nvis <= case.v_head_dim
                else f"min-norm, {nvis} visible")  # more columns than V has dims
         how += f"; {largest} (oracle p {p[j]:.0e}); unexplained {resid:.0%}"
-    return _finish(fig, f"{case.case_id}: {backend} error along KV",
+    return finish(fig, f"{case.case_id}: {backend} error along KV",
                    f"token {token} head {head} (request {b} row {i}); {how}", showlegend=False)
 
 
@@ -294,7 +294,7 @@ def tree_mask(case, b: int = 0) -> go.Figure:
                              hovertemplate="row %{y} sees col %{x}: %{z}<extra></extra>"), row=1, col=2)
     fig.update_yaxes(autorange="reversed", title_text="draft row = tree node", row=1, col=1)
     fig.update_xaxes(title_text="draft column", row=1, col=2)
-    return _finish(fig, f"{case.case_id}: request {b}, tree and mask",
+    return finish(fig, f"{case.case_id}: request {b}, tree and mask",
                    f"q_len {n}, prefix {int(case.prefix_lens[b])}; {what}", showlegend=False)
 
 
@@ -322,7 +322,7 @@ def visibility_heatmap(case, b: int = 0) -> go.Figure:
     fig.update_yaxes(autorange="reversed", title_text="query row (draft token)", row=1, col=1)
     fig.update_xaxes(title_text="KV position", row=1, col=1)
     fig.update_xaxes(title_text="draft column", row=1, col=2)
-    return _finish(fig, f"{case.case_id}: visibility of request {b}", f"q_len {n}, prefix {p}")
+    return finish(fig, f"{case.case_id}: visibility of request {b}", f"q_len {n}, prefix {p}")
 
 
 def layout_check(case, findings=()) -> go.Figure:
@@ -352,7 +352,7 @@ def layout_check(case, findings=()) -> go.Figure:
                       row=1, col=col)
     errs = sorted({f"{f.code} [{f.field}]" for f in findings if f.severity == "error"})
     fig.update_layout(barmode="group", legend={"orientation": "h", "y": -0.15})
-    return _finish(fig, f"{case.case_id}: the index arrays against the {case.layout} layout",
+    return finish(fig, f"{case.case_id}: the index arrays against the {case.layout} layout",
                    ("lint: " + ", ".join(errs)) if errs else "red: a value the layout does not imply")
 
 
@@ -381,7 +381,7 @@ def metrics_bar(report) -> go.Figure:
             fig.add_annotation(x=r.backend, y=0, yref="y domain", yanchor="bottom", showarrow=False,
                                text=f"{m.nonfinite} non-finite", font={"color": FAIL_COLOR})
     skipped = [f"{r.backend} ({r.status})" for r in report.rows if r.verdict is None]
-    return _finish(fig, f"{report.case_id}: backends vs {report.against}",
+    return finish(fig, f"{report.case_id}: backends vs {report.against}",
                    f"not judged: {', '.join(skipped)}" if skipped else "every backend judged",
                    barmode="group", yaxis_type="log", yaxis_title=f"|diff| vs {report.against}")
 
@@ -443,7 +443,7 @@ def nsplit_heatmap(results: dict, metric: str = "gbps", bs: int = 1, q_len: int 
                              y1=len(nsplits) - 0.5, line={"color": "white", "width": 4}))
     fig.update_layout(shapes=outlines)
     shape = br.shape_text((swept + auto)[0])
-    return _finish(fig, f"CUDA kernel {what}: NSPLIT x prefix",
+    return finish(fig, f"CUDA kernel {what}: NSPLIT x prefix",
                    f"{shape}{', graph replay' if graph else ''}; {_label(results)}; "
                    "auto row: the kernel's pick; red outline: it in the sweep",
                    xaxis={"title": "prefix length", "type": "category"},
@@ -480,7 +480,7 @@ def nsplit_lines(results: dict, bs: int = 1, q_len: int | None = None, heads: in
     yaxis = {"title": "GB/s", "type": "log"}
     if ys:
         yaxis["range"] = [float(np.log10(min(ys) / 1.5)), float(np.log10(max(ys) * 2.0))]
-    return _finish(fig, "CUDA kernel GB/s per NSPLIT",
+    return finish(fig, "CUDA kernel GB/s per NSPLIT",
                    f"{br.shape_text(rows[0])}; {_label(results)}; labels on 'auto': the NSPLIT it chose",
                    xaxis={"title": "prefix length", "type": "log"}, yaxis=yaxis)
 
@@ -509,7 +509,7 @@ def backends_vs_prefix(results: dict, bs: int = 1, q_len: int | None = None, hea
                                  mode="lines", name="roofline floor", line={"dash": "dot", "color": "#999"}))
     if not fig.data:
         raise ValueError(f"no rows for bs={bs} q_len={q_len} heads={heads} in {_label(results)}")
-    return _finish(fig, "every backend on the same shapes", f"{shape}; {_label(results)}",
+    return finish(fig, "every backend on the same shapes", f"{shape}; {_label(results)}",
                    xaxis={"title": "prefix length", "type": "log"},
                    yaxis={"title": "median time (us)" if metric == "us" else metric,
                           "type": "log" if metric == "us" else "linear"})
@@ -530,7 +530,7 @@ def graph_replay(results: dict, bs: int = 1, q_len: int | None = None, heads: in
                                  name="graph replay" if graph else "eager launch"))
     if not fig.data:
         raise ValueError(f"no automatic-NSPLIT cuda rows for bs={bs} q_len={q_len} heads={heads} in {_label(results)}")
-    return _finish(fig, "CUDA kernel: eager launch vs graph replay", f"{shape}; {_label(results)}", barmode="group",
+    return finish(fig, "CUDA kernel: eager launch vs graph replay", f"{shape}; {_label(results)}", barmode="group",
                    xaxis={"title": "prefix length", "type": "category"}, yaxis_title="median time (us)")
 
 

@@ -116,7 +116,7 @@ def swept_nsplits(shape: Shape, nsplits, auto: int | None = None) -> list[int]:
     return [ns for ns in nsplits if ns != auto and ns <= bound]
 
 
-def _why(e: Exception) -> str:
+def short_reason(e: Exception) -> str:
     return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
 
 
@@ -211,7 +211,7 @@ class Grid:
             try:
                 out.append(self.timed_row(name, shape, graph_of(p.launch), graph=True, **kw))
             except Exception as e:  # no graph row; the eager one stands
-                self.skipped[f"{name} {shape.label} graph"] = _why(e)
+                self.skipped[f"{name} {shape.label} graph"] = short_reason(e)
         return out
 
     def backend(self, name, shape, case, ref) -> list[dict]:
@@ -223,7 +223,7 @@ class Grid:
                 try:  # one split count failing keeps the shape's other rows
                     rows += self.one(name, shape, case, ref, {**opts, SWEPT: ns}, first=False)
                 except Exception as e:
-                    self.skipped[f"{name} {shape.label} {SWEPT} {ns}"] = _why(e)
+                    self.skipped[f"{name} {shape.label} {SWEPT} {ns}"] = short_reason(e)
         return rows
 
 
@@ -261,7 +261,7 @@ def _run_grid(shapes, names, nsplits, graph, progress, device, on_shape, sampler
                         row["mask"] = "causal (no tree mask)"
                 shape_rows += rows
             except Exception as e:  # one backend failing on one shape must not lose the run
-                g.skipped[f"{name} {shape.label}"] = _why(e)
+                g.skipped[f"{name} {shape.label}"] = short_reason(e)
             torch.cuda.empty_cache()
         del causal
         tri = next((r["us"] for r in shape_rows if r["backend"] == "triton_sglang" and "us" in r and not r["graph"]), None)
@@ -518,10 +518,10 @@ def run(args) -> int:
                        clocks=not args.no_clocks)
     except Exception as e:  # e.g. a CUDA fault: the context is lost, the shapes before it are not
         if out.last is None:
-            print(f"kdkit bench: stopped before the first shape was measured ({_why(e)})", file=sys.stderr)
+            print(f"kdkit bench: stopped before the first shape was measured ({short_reason(e)})", file=sys.stderr)
             return 1
-        res = {**out.last, "stopped": _why(e)}
-        print(f"kdkit bench: stopped after {len(out.last['rows'])} rows ({_why(e)})", file=sys.stderr)
+        res = {**out.last, "stopped": short_reason(e)}
+        print(f"kdkit bench: stopped after {len(out.last['rows'])} rows ({short_reason(e)})", file=sys.stderr)
     print(summary(res))  # before the save: a failing save must not hide the measurements
     try:
         path = out.write(res)
