@@ -163,17 +163,8 @@ class Resources:
     forbidden: list
 
     def breaches(self) -> list[str]:
-        out = []
-        for name, k in self.kernels.items():
-            smem, thr = k.smem_static + self.dynamic_smem[name], self.threads[name]
-            if smem > jit.SM120_SMEM_LIMIT:
-                out.append(f"{name}: {smem} B shared memory per block > sm_120's {jit.SM120_SMEM_LIMIT} B")
-            if k.spill_stores or k.spill_loads:
-                out.append(f"{name}: spills ({k.spill_stores} B stores, {k.spill_loads} B loads)")
-            if k.local:
-                out.append(f"{name}: {k.local} B local memory")
-            if k.registers * thr > 65536:
-                out.append(f"{name}: {k.registers} registers x {thr} threads > 64K per SM")
+        out = [b for name, k in self.kernels.items()
+               for b in jit.sm120_breaches(k, self.dynamic_smem[name], self.threads[name])]
         return out + [f"uses {ins}, which sm_120 does not have" for ins in self.forbidden]
 
     def table(self) -> str:

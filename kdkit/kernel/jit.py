@@ -124,6 +124,23 @@ class KernelResources:
     local: int = 0  # local memory (bytes of lmem reported by ptxas)
 
 
+def sm120_breaches(k: KernelResources, dynamic_smem: int, threads: int) -> list[str]:
+    """What makes one kernel unfit for sm_120 at a launch of `threads` with `dynamic_smem` bytes:
+    shared memory past 99 KB a block, spills, local memory, registers x threads past 64K an SM.
+    kdkit's kernel (spec.CompileReport) and a user's (byok.cuda.Resources) are held to the same."""
+    out = []
+    smem = k.smem_static + dynamic_smem
+    if smem > SM120_SMEM_LIMIT:
+        out.append(f"{k.name}: {smem} B shared memory per block > sm_120's {SM120_SMEM_LIMIT} B")
+    if k.spill_stores or k.spill_loads:
+        out.append(f"{k.name}: spills ({k.spill_stores} B stores, {k.spill_loads} B loads)")
+    if k.local:
+        out.append(f"{k.name}: {k.local} B local memory")
+    if k.registers * threads > 65536:
+        out.append(f"{k.name}: {k.registers} registers x {threads} threads > 64K per SM")
+    return out
+
+
 @dataclass
 class Module:
     key: str

@@ -183,16 +183,7 @@ class CompileReport:
         entries = {e.symbol: e for e in self.spec.entries}
         for k in self.kernels.values():
             e = entries.get(k.name, Entry(k.name, 0))
-            smem = k.smem_static + self._entry_smem(e)
-            threads = self.spec.threads(e, self.meta)
-            if smem > jit.SM120_SMEM_LIMIT:
-                out.append(f"{k.name}: {smem} B shared memory per block > sm_120's {jit.SM120_SMEM_LIMIT} B")
-            if k.spill_stores or k.spill_loads:
-                out.append(f"{k.name}: spills ({k.spill_stores} B stores, {k.spill_loads} B loads)")
-            if k.local:
-                out.append(f"{k.name}: {k.local} B local memory")
-            if k.registers * threads > 65536:
-                out.append(f"{k.name}: {k.registers} registers x {threads} threads > 64K per SM")
+            out += jit.sm120_breaches(k, self._entry_smem(e), self.spec.threads(e, self.meta))
         out += [f"uses {ins}, which sm_120 does not have" for ins in self.forbidden]
         out += [f"{e.symbol}: not in ptxas' report" for e in self.spec.entries if e.symbol not in self.kernels]
         out += [f"kd_meta_{m}: not exported by the build" for m in self.spec.meta if m not in self.meta]
