@@ -45,16 +45,21 @@ class Timer:
             reps = int(max(5, min(50, budget_s / max(t0 * 1e-6, 1e-9))))
         return sorted(self._once(fn) for _ in range(reps))[reps // 2]
 
-    def host_us(self, fn, reps: int = 20) -> float:
-        """What one launch costs the CPU (Python, checks, the launch calls), the GPU kept busy."""
+    def host_us(self, fn, reps: int = 20, batches: int = 5) -> float:
+        """What one launch costs the CPU (Python, checks, the launch calls), the GPU kept busy: the
+        mean over `reps` calls queued behind a GPU sleep, the median of `batches` such means (one
+        batch's mean alone takes in whatever else holds the GIL meanwhile, the bench's clock
+        sampler thread reading nvidia-smi among it)."""
+        means = []
+        for _ in range(batches):
+            torch.cuda.synchronize()
+            torch.cuda._sleep(SLEEP_CYCLES * 4)
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            means.append((time.perf_counter() - t0) / reps * 1e6)
         torch.cuda.synchronize()
-        torch.cuda._sleep(SLEEP_CYCLES * 4)
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        t = (time.perf_counter() - t0) / reps * 1e6
-        torch.cuda.synchronize()
-        return t
+        return sorted(means)[batches // 2]
 
     def plan_us(self, plan, reps: int = 10) -> float:
         """Median host time of plan() (after one that builds or loads what it needs), each ending
