@@ -155,9 +155,14 @@ def label(shape: dict) -> str:
 
 
 def make_case(shape: dict, **overrides):
-    """The synthetic case of a shape (kdkit.synth.make_case); overrides go to make_case."""
-    kw = {k: shape[k] for k in ("bs", "prefix", "q_len", "heads", "tree")}
-    kw.update({k: shape[k] for k in ("seed", "layout", "magnitude", "logit_cap") if k in shape})
+    """The synthetic case of a shape (kdkit.synth.make_case); overrides go to make_case. A shape
+    must name bs, prefix and q_len; what else it leaves out takes make_case's defaults."""
+    missing = [k for k in ("bs", "prefix", "q_len") if k not in shape]
+    if missing:
+        raise ShapeError(f"shape {shape}: no {', '.join(missing)} (a shape names bs, prefix and q_len; "
+                         "heads, tree, seed, layout, magnitude and logit_cap are optional)")
+    kw = {k: shape[k] for k in ("bs", "prefix", "q_len", "heads", "tree", "seed", "layout", "magnitude",
+                                "logit_cap") if k in shape}
     kw["case_id"] = shape.get("name") or label(shape)
     kw.update(overrides)
     return synth.make_case(**kw)

@@ -1,4 +1,5 @@
 """The JIT cache's size bound: whole modules go, least recently used first; the new one stays."""
+import importlib.util
 import os
 
 import pytest
@@ -54,3 +55,24 @@ def test_a_bad_cache_bound_names_the_variable_and_the_fix(monkeypatch, raw):
     monkeypatch.setenv("KDKIT_CACHE_MB", raw)
     with pytest.raises(jit.BuildError, match="KDKIT_CACHE_MB"):
         jit.cache_limit_bytes()
+
+
+NVRTC = importlib.util.find_spec("cuda") is not None and importlib.util.find_spec("cuda.bindings") is not None
+
+
+@pytest.mark.skipif(not NVRTC, reason="needs NVRTC: pip install cuda-bindings nvidia-cuda-nvrtc nvidia-cuda-runtime")
+def test_a_build_is_remembered_in_the_process_until_a_file_it_read_changes(tmp_path, monkeypatch):
+    """plan() builds on every call: a repeat is the same Module without reading the source again,
+    and an edit of the source or of a header it includes is a new build."""
+    monkeypatch.setenv("KDKIT_CACHE", str(tmp_path / "cache"))
+    src, head = tmp_path / "k.cu", tmp_path / "k.cuh"
+    head.write_text("#define KD_SCALE 2.0f\n")
+    src.write_text('#include "k.cuh"\nextern "C" __global__ void k(float* x) { x[threadIdx.x] *= KD_SCALE; }\n')
+    first = jit.build(src, {}, "sm_90", tags={})
+    assert jit.build(src, {}, "sm_90", tags={}) is first
+    head.write_text("#define KD_SCALE 3.0f\n")
+    os.utime(head, ns=(10**18, 10**18))  # (a stamp that differs even where the clock is coarse)
+    edited = jit.build(src, {}, "sm_90", tags={})
+    assert edited.key != first.key
+    assert "0f40400000" in edited.ptx and "0f40400000" not in first.ptx  # 3.0f, as PTX writes it
+    assert jit.build(src, {}, "sm_120", tags={}) is not edited  # another arch is another build

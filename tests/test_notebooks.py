@@ -18,6 +18,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from conftest import BUNDLED, DATA, ROOT
 
@@ -354,9 +355,11 @@ def test_failures_gallery(tmp_path):
 # ---- develop.ipynb: a kernel developed (the Triton starter on the CPU, under Triton's interpreter) ----
 def test_develop_the_triton_starter_on_every_bundled_case(tmp_path):
     """The defaults: the Triton starter on the bundled cases, on the CPU (about 90 s here on 2
-    shared cores: the interpreter's replays ~20 s, the planted bugs on 4 cases ~30 s)."""
+    shared cores: the interpreter's replays ~20 s, the planted bugs on 4 cases ~30 s). On a GPU
+    with shapes=[], which skips the timing (test_develop_times_and_sweeps_on_a_gpu times)."""
     from kdkit.judge.wrong_kernels import MUTANTS
-    nb, res, secs = execute("develop", tmp_path)
+    gpu = torch.cuda.is_available()
+    nb, res, secs = execute("develop", tmp_path, **({"shapes": []} if gpu else {}))
     assert secs < 300, f"develop.ipynb took {secs:.0f} s"
     assert res["kernel"] == "kdkit_starter" and res["ok"], res["summary"]
     assert res["cases"] == {c: "pass" for c in BUNDLED}
@@ -368,7 +371,10 @@ def test_develop_the_triton_starter_on_every_bundled_case(tmp_path):
     text = texts(nb)
     assert "Triton kernel" in text and "no report is made up here" in text      # what is known of its build
     assert "failed on none of the 4 case(s): no error heatmap to draw" in text
-    assert "no CUDA GPU here: timing skipped" in text and "swept: nsplit" in text
+    if gpu:
+        assert "shapes = []: timing and the sweep skipped" in text
+    else:
+        assert "no CUDA GPU here: timing skipped" in text and "swept: nsplit" in text
 
 
 MASK_LINE = "        seen = seen & visible\n"   # the starter's one line that applies the tree (or causal) mask
@@ -386,7 +392,7 @@ def test_develop_a_kernel_that_ignores_the_mask(tmp_path):
         "_k = TritonKernel('kd_nomask', Path(__file__).with_name('kernel.py'))\n"
         "NAME, LINT_CLEAN, unavailable, run, prepare = _k.NAME, _k.LINT_CLEAN, _k.unavailable, _k.run, _k.prepare\n")
     cases = [str(DATA / "seed-shape.pt"), str(DATA / "ragged-bs4.pt")]
-    nb, res, _ = execute("develop", tmp_path, kernel=str(tmp_path / "backend.py"), cases=cases)
+    nb, res, _ = execute("develop", tmp_path, kernel=str(tmp_path / "backend.py"), cases=cases, shapes=[])
     assert res["kernel"] == "kd_nomask" and not res["ok"]
     assert res["cases"] == {"seed-shape": "fail", "ragged-bs4": "fail"}
     assert res["summary"] == "kd_nomask: 0 of 2 case(s) pass against the oracle; fail: seed-shape, ragged-bs4"

@@ -68,6 +68,15 @@ def test_make_case_builds_the_shape():
     assert shapes.make_case(s, layout="unified").layout == "unified"
 
 
+def test_make_case_takes_a_shape_written_by_hand():
+    """A hand-written shape names bs, prefix and q_len; the rest take make_case's defaults (a GPU
+    test met a KeyError for the tree it left out)."""
+    case = shapes.make_case({"bs": 1, "prefix": 64, "q_len": 9, "seed": 1})
+    assert case.q.shape[:2] == (9, synth.KIMI_HEADS_PER_RANK) and case.custom_mask is not None
+    with pytest.raises(shapes.ShapeError, match="no q_len"):
+        shapes.make_case({"bs": 1, "prefix": 64})
+
+
 def test_get_hands_out_copies():
     a = shapes.get("bundled")
     a[0]["bs"] = 99

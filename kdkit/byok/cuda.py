@@ -24,8 +24,7 @@ over the text of every included header), for the GPU it runs on or for any sm_XX
 long long: the dtypes of the batch's index arrays) are written ahead of it.
 
 Per call a plan writes one layer's pointers and strides into argument buffers packed at plan time
-and calls cuLaunchKernel on torch's current stream (kdkit.kernel.launch: libcuda's own symbol
-through ctypes, the arguments converted once): no allocation, no device read.
+and calls cuLaunchKernel (cuda-bindings) on torch's current stream: no allocation, no device read.
 """
 from __future__ import annotations
 
@@ -43,7 +42,7 @@ from ..backends import Prepared, Result
 from ..constants import V_HEAD_DIM
 from ..kernel import jit
 from ..kernel.api import Metadata, tensor_signature
-from ..kernel.launch import current_raw_stream, error_name, kernel_call
+from ..kernel.launch import current_raw_stream
 from ..kernel.checks import InputError, check_metadata, check_tensors, read_sizes, require
 from .batch import as_uint8, case_batch, sglang_case
 
@@ -182,14 +181,13 @@ class Resources:
 class _Bound:
     """One launch's packed arguments: 8 bytes per parameter in `vals`, `ptrs` the void** array
     cuLaunchKernel reads (both kept alive by this object; CUDA copies them at each launch)."""
-    __slots__ = ("entry", "fn", "grid", "block", "smem", "vals", "ptrs", "addr", "go", "slots", "sel")
+    __slots__ = ("entry", "fn", "grid", "block", "smem", "vals", "ptrs", "addr", "slots", "sel")
 
-    def __init__(self, entry, fn: int, grid, block, smem, n):
+    def __init__(self, entry, fn, grid, block, smem, n):
         self.entry, self.fn, self.grid, self.block, self.smem = entry, fn, grid, block, smem
         self.vals = np.zeros(max(n, 1), dtype=np.int64)
         self.ptrs = self.vals.ctypes.data + 8 * np.arange(max(n, 1), dtype=np.uint64)
         self.addr = int(self.ptrs.ctypes.data)
-        self.go = kernel_call(fn, grid, block, smem, self.addr)  # go(stream) -> CUresult
         self.slots, self.sel = np.zeros(0, np.intp), []  # per-layer parameter slots, their values' index
 
     def set(self, i: int, kind: str, value) -> None:
@@ -248,9 +246,9 @@ class Plan:
         """Launch every kernel on torch's current stream with the last bound tensors (graph-safe)."""
         stream = current_raw_stream(self.device.index)
         for b in self.launches:
-            err = b.go(stream)
-            if err:
-                raise RuntimeError(f"{self.name}: cuLaunchKernel({b.entry}) failed: {error_name(err)}")
+            (err,) = _launch_kernel(b.fn, *b.grid, *b.block, b.smem, stream, b.addr, 0)
+            if err != 0:
+                raise RuntimeError(f"{self.name}: cuLaunchKernel({b.entry}) failed: {err!r}")
 
     def run(self, q, k, v, kv_buffer, out=None, lse=None, check: bool = True):
         """Launch on one layer's tensors (graph-capturable). Returns (out, lse): the given buffers,
@@ -259,6 +257,13 @@ class Plan:
         if self.num_tokens:
             self.launch()
         return out, lse
+
+
+def _launch_kernel(*args):
+    from cuda.bindings import driver
+    global _launch_kernel
+    _launch_kernel = driver.cuLaunchKernel  # looked up once: the per-call path is this call alone
+    return driver.cuLaunchKernel(*args)
 
 
 def _arg_kind(name: str, workspace: dict, options: dict) -> str:
@@ -515,6 +520,7 @@ class CudaKernel:
                     tuple(layer_keys), ws, [m])
 
     def _bind_launch(self, lc: Launch, prob: Problem, raw, dev) -> _Bound:
+        from cuda.bindings import driver
         grid = _dims(lc.grid, prob, f"{lc.entry}.grid")
         block = _dims(lc.block, prob, f"{lc.entry}.block")
         smem = int(lc.smem(prob) if callable(lc.smem) else lc.smem)
@@ -528,7 +534,7 @@ class CudaKernel:
         if smem > 48 * 1024:
             fn.max_dynamic_shared_size_bytes = smem
         # RawKernel.kernel is the loaded cupy Function; its ptr is the driver's CUfunction handle
-        return _Bound(lc.entry, int(fn.kernel.ptr), grid, block, smem, len(lc.args))
+        return _Bound(lc.entry, driver.CUfunction(fn.kernel.ptr), grid, block, smem, len(lc.args))
 
 
 def _metadata(batch) -> Metadata:

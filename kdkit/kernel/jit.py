@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -29,11 +30,14 @@ class BuildError(RuntimeError):
     pass
 
 
-def expand(path: Path, seen: tuple = (), once: set | None = None) -> str:
+def expand(path: Path, seen: tuple = (), once: set | None = None, files: list | None = None) -> str:
     """Inline kdkit's own quoted includes, each wrapped in #line markers (system headers stay).
-    A header with `#pragma once` is inlined at its first include only, as the preprocessor would."""
+    A header with `#pragma once` is inlined at its first include only, as the preprocessor would.
+    files: where given, every file read is appended to it."""
     path = Path(path).resolve()
     once = set() if once is None else once
+    if files is not None:
+        files.append(path)
     if path in seen:
         raise BuildError(f"{path}: include cycle through {' -> '.join(p.name for p in seen)}")
     lines = path.read_text().splitlines()
@@ -45,7 +49,7 @@ def expand(path: Path, seen: tuple = (), once: set | None = None) -> str:
     for n, line in enumerate(lines, start=1):
         m = _INCLUDE.match(line)
         if m and (path.parent / m.group(1)).is_file():
-            out.append(expand(path.parent / m.group(1), seen + (path,), once))
+            out.append(expand(path.parent / m.group(1), seen + (path,), once, files))
             out.append(f'#line {n + 1} "{path}"')
         elif _ANY_QUOTED_INCLUDE.match(line):
             # a quoted include we did not inline would be found by NVRTC on its own, outside the
@@ -88,6 +92,7 @@ def nvrtc_version() -> str:
     return f"{major}.{minor}"
 
 
+@functools.lru_cache(maxsize=None)  # (a process keeps the NVRTC it loaded)
 def toolkit_fingerprint(include_dir: str) -> str:
     """What else decides the build: NVRTC's full package version and the CUDA headers we include
     (patch releases change both without changing nvrtcVersion's major.minor)."""
@@ -150,15 +155,19 @@ class Module:
     log: str
     defines: dict
     kernels: dict = field(default_factory=dict)  # name -> KernelResources
+    _meta: dict | None = field(default=None, repr=False, compare=False)
 
     def forbidden_instructions(self) -> list[str]:
         return [ins for ins in FORBIDDEN_PTX if re.search(rf"\b{re.escape(ins)}\b", self.ptx)]
 
     def meta(self) -> dict:
         """The numbers the device code exports as `kd_meta_<name>` globals (shared memory, threads,
-        rows per block): read from the PTX, so Python never restates a formula of the .cu."""
-        return {m.group(1): int(m.group(2))
-                for m in re.finditer(r"\bkd_meta_(\w+)\s*=\s*(-?\d+)\s*;", self.ptx)}
+        rows per block): read from the PTX, so Python never restates a formula of the .cu. (Read
+        once: a scan of the PTX takes milliseconds, and plan() asks each time.)"""
+        if self._meta is None:
+            self._meta = {m.group(1): int(m.group(2))
+                          for m in re.finditer(r"\bkd_meta_(\w+)\s*=\s*(-?\d+)\s*;", self.ptx)}
+        return dict(self._meta)
 
 
 def parse_ptxas(log: str) -> dict:
@@ -252,19 +261,46 @@ def module_key(stem: str, tags: dict, arch: str, digest: str) -> str:
     return re.sub(r"[^\w.-]", "", "-".join(str(p) for p in parts))
 
 
+# In-process memo of build(): (source, defines, arch, tags, prelude, cache dir) -> (the files the
+# source was made of with their (mtime, size), the Module). plan() builds on every call, and a hit
+# in the disk cache still reads and hashes the source, its headers and the toolkit's headers
+# (milliseconds); here a hit is a stat of each file, so an edited .cu or header still rebuilds.
+_BUILT: dict = {}
+
+
+def _stamps(files) -> tuple:
+    return tuple((st.st_mtime_ns, st.st_size) for st in map(os.stat, files))
+
+
 def build(source: str | Path, defines: dict, arch: str, tags: dict | None = None,
           prelude: str = "") -> Module:
-    """Compile `source` (a file in kdkit/kernel/cuda) for `arch` ("sm_90", "sm_120", ...); cached.
+    """Compile `source` (a file in kdkit/kernel/cuda) for `arch` ("sm_90", "sm_120", ...); cached
+    on disk by the text compiled, and in the process by the files' modification stamps.
 
     `defines` maps macro (or `HOOK(args)`) -> replacement, written as #define lines ahead of the
     source; `tags` gives the short readable names used in the key; `prelude` is host-generated C
     (the kernel's Params struct) placed after the defines and ahead of the source.
     """
     src_path = CUDA_DIR / source if not Path(source).is_absolute() else Path(source)
+    memo = (str(src_path), tuple(defines.items()), arch, tuple((tags or defines).items()), prelude, str(cache_dir()))
+    hit = _BUILT.get(memo)
+    if hit is not None:
+        try:
+            if _stamps(hit[0]) == hit[1]:
+                return hit[2]
+        except OSError:  # a file went: build as new, which names it
+            pass
+    files: list = []
+    mod = _build(src_path, defines, arch, tags, prelude, files)
+    _BUILT[memo] = (tuple(files), _stamps(files), mod)
+    return mod
+
+
+def _build(src_path: Path, defines: dict, arch: str, tags: dict | None, prelude: str, files: list) -> Module:
     head = "".join(f"#define {k} {v}\n" for k, v in defines.items())
     if prelude:
         head += '#line 1 "<generated by kdkit>"\n' + prelude
-    text = head + expand(src_path)
+    text = head + expand(src_path, files=files)
     include = cuda_include_dir()
     # no --use_fast_math: tanhf (logit cap) and the exp2/log2 of the softmax stay accurate
     opts = [f"--gpu-architecture={arch}", "-std=c++17", "-Xptxas=-v", f"-I{include}", "-default-device"]

@@ -1,6 +1,5 @@
 """The launch: a plan's kernels on torch's current stream through the driver's cuLaunchKernel
-(libcuda's own symbol through ctypes; cuda-bindings where that does not load), with the argument
-buffer the plan packed once.
+(cuda-bindings), with the argument buffer the plan packed once.
 
 run() is on the per-layer hot path (61 layers a verify step, eager wherever no CUDA graph covers
 the batch), so a launch here is one driver call per kernel: the function handles, grids, block
@@ -64,70 +63,6 @@ def function_handle(raw_kernel) -> int:
                           "kdkit needs CuPy >= 13 (kdkit's 'gpu' extra)") from None
 
 
-def _libcuda():
-    """libcuda's cuLaunchKernel and cuGetErrorName through ctypes, or None where the library does
-    not load (a machine without the driver; then cuda-bindings' wrapper launches). The process
-    has it loaded already (torch's CUDA init), so this finds that copy by its soname."""
-    for soname in ("libcuda.so.1", "nvcuda.dll"):
-        try:
-            lib = ctypes.CDLL(soname)  # (CDLL releases the GIL for the call, as cuda-bindings does)
-            return lib.cuLaunchKernel, lib.cuGetErrorName
-        except (OSError, AttributeError):
-            continue
-    return None
-
-
-_LIBCUDA: list = []  # [(cuLaunchKernel, cuGetErrorName) or None], resolved at the first launch made
-
-
-def _driver():
-    if not _LIBCUDA:
-        _LIBCUDA.append(_libcuda())
-    return _LIBCUDA[0]
-
-
-def kernel_call(fn: int, grid, block, smem: int, kernel_params: int):
-    """One kernel's launch made ready: `go(stream)` queues it on the raw stream `stream` and
-    returns the driver's CUresult as an int (0: queued). fn: the CUfunction handle;
-    kernel_params: the address of its void* array (one pointer per kernel parameter, kept alive by
-    the caller).
-
-    Through ctypes, everything but the stream is converted once, here: a call is one foreign call
-    with ready-made C values. cuda-bindings' cuLaunchKernel, the fallback, converts its arguments
-    and builds an enum for the result on every call, which costs more host time than the launch."""
-    drv = _driver()
-    if drv is not None:
-        c_launch, vp, ui = drv[0], ctypes.c_void_p, ctypes.c_uint
-        head = (vp(fn), *map(ui, grid), *map(ui, block), ui(smem))
-        kp = vp(kernel_params)
-
-        def go(stream: int) -> int:
-            return c_launch(*head, vp(stream), kp, None)
-        return go
-    from cuda.bindings import driver
-    b_launch, f = driver.cuLaunchKernel, driver.CUfunction(fn)
-    g, b = tuple(grid), tuple(block)
-
-    def go(stream: int) -> int:
-        return int(b_launch(f, *g, *b, smem, stream, kernel_params, 0)[0])
-    return go
-
-
-def error_name(code: int) -> str:
-    """The driver's name for a CUresult (CUDA_ERROR_INVALID_VALUE, ...)."""
-    drv = _driver()
-    if drv is not None:
-        name = ctypes.c_char_p()
-        if drv[1](int(code), ctypes.byref(name)) == 0 and name.value:
-            return name.value.decode()
-        return f"CUresult {code}"
-    from cuda.bindings import driver
-    try:
-        return driver.CUresult(code).name
-    except ValueError:
-        return f"CUresult {code}"
-
-
 class Launcher:
     """A plan's launches, made once: `launcher(stream)` queues them on `stream`.
 
@@ -135,19 +70,23 @@ class Launcher:
     per kernel, in launch order; params_address: the KdParams bytes every kernel takes."""
 
     def __init__(self, calls, params_address: int):
+        from cuda.bindings import driver
+        self._launch = driver.cuLaunchKernel
+        self._ok = driver.CUresult.CUDA_SUCCESS
         self._ptrs = (ctypes.c_void_p * 1)(params_address)  # kernelParams: one void* per kernel argument
         kp = ctypes.addressof(self._ptrs)
-        self.calls = tuple((name, kernel_call(fn, grid, block, int(smem), kp), tuple(grid), tuple(block), int(smem))
+        self.calls = tuple((name, driver.CUfunction(fn), *grid, *block, int(smem), kp)
                            for name, fn, grid, block, smem in calls)
 
     def __call__(self, stream: int, only: str | None = None) -> None:
         """Queue the launches on `stream` (only: just the entry point of that name, for the probes
         that time one kernel of a plan)."""
-        for name, go, grid, block, smem in self.calls:
+        launch, ok = self._launch, self._ok
+        for name, fn, gx, gy, gz, bx, by, bz, smem, kp in self.calls:
             if only is not None and name != only:
                 continue
-            err = go(stream)
-            if err:
-                raise LaunchError(f"cuLaunchKernel({name}, grid {grid}, block {block}, {smem} B shared): "
-                                  f"{error_name(err)}; launch on the plan's device (with "
+            err = launch(fn, gx, gy, gz, bx, by, bz, smem, stream, kp, 0)[0]
+            if err != ok:
+                raise LaunchError(f"cuLaunchKernel({name}, grid ({gx}, {gy}, {gz}), block ({bx}, {by}, {bz}), "
+                                  f"{smem} B shared): {err.name}; launch on the plan's device (with "
                                   "torch.cuda.device(...):) and after the module loaded there")

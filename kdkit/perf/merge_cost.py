@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import re
 
+from .. import kernel
 from ..backends import cuda
 from ..kernel import launch, spec
 from . import bench
