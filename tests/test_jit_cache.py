@@ -70,8 +70,9 @@ def test_a_build_is_remembered_in_the_process_until_a_file_it_read_changes(tmp_p
     src.write_text('#include "k.cuh"\nextern "C" __global__ void k(float* x) { x[threadIdx.x] *= KD_SCALE; }\n')
     first = jit.build(src, {}, "sm_90", tags={})
     assert jit.build(src, {}, "sm_90", tags={}) is first
-    head.write_text("#define KD_SCALE 3.0f\n")
-    os.utime(head, ns=(10**18, 10**18))  # (a stamp that differs even where the clock is coarse)
+    mtime = head.stat().st_mtime_ns
+    head.write_text("#define KD_SCALE 3.0f\n")  # the same size ...
+    os.utime(head, ns=(mtime, mtime))            # ... and the same mtime: only the bytes differ
     edited = jit.build(src, {}, "sm_90", tags={})
     assert edited.key != first.key
     assert "0f40400000" in edited.ptx and "0f40400000" not in first.ptx  # 3.0f, as PTX writes it

@@ -262,20 +262,27 @@ def module_key(stem: str, tags: dict, arch: str, digest: str) -> str:
 
 
 # In-process memo of build(): (source, defines, arch, tags, prelude, cache dir) -> (the files the
-# source was made of with their (mtime, size), the Module). plan() builds on every call, and a hit
-# in the disk cache still reads and hashes the source, its headers and the toolkit's headers
-# (milliseconds); here a hit is a stat of each file, so an edited .cu or header still rebuilds.
+# source was made of, a digest of their bytes, the Module). plan() builds on every call, and a hit
+# in the disk cache still expands the source line by line, hashes the toolkit's headers and asks
+# the package metadata (milliseconds); here a hit reads the source's own files and hashes their
+# bytes (tens of us), so an edited .cu or header still rebuilds, however soon after the last
+# build it was saved (a file's mtime may not move within a few ms).
 _BUILT: dict = {}
 
 
-def _stamps(files) -> tuple:
-    return tuple((st.st_mtime_ns, st.st_size) for st in map(os.stat, files))
+def _stamps(files) -> bytes:
+    h = hashlib.blake2b(digest_size=16)
+    for f in files:
+        with open(f, "rb") as fh:
+            h.update(fh.read())
+        h.update(b"\0")
+    return h.digest()
 
 
 def build(source: str | Path, defines: dict, arch: str, tags: dict | None = None,
           prelude: str = "") -> Module:
     """Compile `source` (a file in kdkit/kernel/cuda) for `arch` ("sm_90", "sm_120", ...); cached
-    on disk by the text compiled, and in the process by the files' modification stamps.
+    on disk by the text compiled, and in the process by the bytes of the files it reads.
 
     `defines` maps macro (or `HOOK(args)`) -> replacement, written as #define lines ahead of the
     source; `tags` gives the short readable names used in the key; `prelude` is host-generated C
