@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from conftest import NO_GPU, ROOT
+from conftest import NO_GPU, ROOT, _no_gpu_reason
 
 TINY = f'''
 import pytest
@@ -58,4 +58,6 @@ def test_other_skips_are_listed_with_their_reasons(tmp_path):
 def test_gpu_skips_alone_print_one_line_and_no_block(tmp_path):
     out = run_pytest(tmp_path, TINY.split("@pytest.mark.parametrize")[0])
     kdkit = [ln for ln in out.splitlines() if ln.startswith("kdkit:")]
-    assert kdkit == ["kdkit: 3 skipped for want of a CUDA GPU (they run on a GPU machine)"], out
+    # (on a GPU machine test_on_a_gpu runs: two skips are for want of one, both made by hand here)
+    n = 3 if _no_gpu_reason() else 2
+    assert kdkit == [f"kdkit: {n} skipped for want of a CUDA GPU (they run on a GPU machine)"], out
