@@ -8,7 +8,6 @@ struct's size against NumPy's layout (NVRTC has no offsetof to check offsets dir
 """
 from __future__ import annotations
 
-import functools
 import struct
 from functools import partial
 
@@ -68,7 +67,6 @@ def dtype() -> np.dtype:
     return np.dtype([(name, _np_type(ctype)) for name, ctype, _ in FIELDS], align=True)
 
 
-@functools.lru_cache(maxsize=None)  # (FIELDS is fixed; plan() asks on every call)
 def struct_text(name: str = "KdParams") -> str:
     """The C declaration, with a size check per field and for the whole struct."""
     dt = dtype()
