@@ -270,7 +270,7 @@ def module_key(stem: str, tags: dict, arch: str, digest: str) -> str:
 _BUILT: dict = {}
 
 
-def _stamps(files) -> bytes:
+def _digest(files) -> bytes:
     h = hashlib.blake2b(digest_size=16)
     for f in files:
         with open(f, "rb") as fh:
@@ -293,13 +293,13 @@ def build(source: str | Path, defines: dict, arch: str, tags: dict | None = None
     hit = _BUILT.get(memo)
     if hit is not None:
         try:
-            if _stamps(hit[0]) == hit[1]:
+            if _digest(hit[0]) == hit[1]:
                 return hit[2]
         except OSError:  # a file went: build as new, which names it
             pass
     files: list = []
     mod = _build(src_path, defines, arch, tags, prelude, files)
-    _BUILT[memo] = (tuple(files), _stamps(files), mod)
+    _BUILT[memo] = (tuple(files), _digest(files), mod)
     return mod
 
 
