@@ -12,6 +12,10 @@
 # sanitizer (compute-sanitizer's memcheck, racecheck and synccheck on kdkit.perf.gpu_selfcheck).
 # The first part that needs the kernel's builds compiles them (a few minutes on a fresh machine).
 #
+# JOBS=N spreads each pytest part over N worker processes (pytest-xdist, in the GPU wheelhouse):
+# the kernel's builds then compile on N cores and the tests share the one GPU. A part's timing
+# tests take the least of their repetitions, so they hold under that load.
+#
 # It runs the python on PATH (PYTHON=... to choose; the GPU hosts reach no registry, so there is
 # no venv to make), from the project root with PYTHONPATH set to it. Each part's whole output goes
 # to $LOGS/PART.txt (LOGS: $OUT where set, else gpu-suite-logs); stdout gets its exit status, its
@@ -46,7 +50,9 @@ files() {  # a part's test files
 }
 
 pytest_part() {
-  "$PY" -m pytest -q -p no:cacheprovider -rfE --durations=5 "$@"
+  local jobs=()
+  [ -z "${JOBS:-}" ] || jobs=(-n "$JOBS")
+  "$PY" -m pytest -q -p no:cacheprovider -rfE --durations=5 "${jobs[@]}" "$@"
 }
 
 run_part() {
@@ -69,6 +75,10 @@ run_part() {
 if [ "${1:-}" = "--list" ]; then
   for p in $PARTS; do echo "$p: $(files "$p")"; done
   exit 0
+fi
+if [ -n "${JOBS:-}" ]; then
+  [[ $JOBS =~ ^[1-9][0-9]*$ ]] || { echo "JOBS=$JOBS: give a number of worker processes (e.g. JOBS=8), or unset it" >&2; exit 2; }
+  "$PY" -c "import xdist" 2>/dev/null || { echo "JOBS=$JOBS needs pytest-xdist ($PY -m pip install pytest-xdist; it is in scripts/wheelhouse.sh's flashinfer set)" >&2; exit 2; }
 fi
 [ $# -gt 0 ] || { echo "usage: scripts/gpu_suite.sh PART... | all | --list (parts: $PARTS)" >&2; exit 2; }
 want=()

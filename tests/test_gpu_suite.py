@@ -30,3 +30,8 @@ def test_the_parts_cover_every_test_file_once():
 def test_an_unknown_part_is_named_with_the_choices():
     r = subprocess.run(["bash", str(SCRIPT), "kernal"], capture_output=True, text=True)
     assert r.returncode == 2 and "no part 'kernal'" in r.stderr and "rest-a-l" in r.stderr
+
+
+def test_jobs_must_be_a_count():
+    r = subprocess.run(["bash", str(SCRIPT), "deep"], capture_output=True, text=True, env={"JOBS": "many", "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 2 and "JOBS=many" in r.stderr and "worker processes" in r.stderr
