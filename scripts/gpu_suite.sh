@@ -64,8 +64,12 @@ run_part() {
              pytest_part tests/test_cuda_kernel.py -k test_sweep ;;
     sanitizer)
       local tool rc=0
+      # --report-api-errors no: cuda-bindings asks the driver for every entry point it wraps
+      # (cuGetProcAddress) and the driver refuses those it lacks, 34 refusals on the H200 that memcheck
+      # counted as errors. kdkit checks each CUresult of its own calls (kernel.launch's LaunchError);
+      # what the tools are for, the device's accesses and barriers, is reported as before.
       for tool in memcheck racecheck synccheck; do
-        compute-sanitizer --tool "$tool" --error-exitcode 1 "$PY" -m kdkit.perf.gpu_selfcheck || rc=1
+        compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 1 "$PY" -m kdkit.perf.gpu_selfcheck || rc=1
       done
       return $rc ;;
     *) pytest_part $(files "$1") ;;
@@ -78,7 +82,7 @@ if [ "${1:-}" = "--list" ]; then
 fi
 if [ -n "${JOBS:-}" ]; then
   [[ $JOBS =~ ^[1-9][0-9]*$ ]] || { echo "JOBS=$JOBS: give a number of worker processes (e.g. JOBS=8), or unset it" >&2; exit 2; }
-  "$PY" -c "import xdist" 2>/dev/null || { echo "JOBS=$JOBS needs pytest-xdist ($PY -m pip install pytest-xdist; it is in scripts/wheelhouse.sh's flashinfer set)" >&2; exit 2; }
+  "$PY" -c "import xdist" 2>/dev/null || { echo "JOBS=$JOBS needs pytest-xdist ($PY -m pip install pytest-xdist; every scripts/wheelhouse.sh set has it)" >&2; exit 2; }
 fi
 [ $# -gt 0 ] || { echo "usage: scripts/gpu_suite.sh PART... | all | --list (parts: $PARTS)" >&2; exit 2; }
 want=()

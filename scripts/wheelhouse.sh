@@ -6,9 +6,9 @@
 #                                                    # SETS to notebooks,flashinfer
 # The sets: notebooks (papermill, plotly, ipywidgets... ~28 MB) and flashinfer (FlashInfer
 # $FLASHINFER_VERSION for the bench's flashinfer_mla row, repacked by scripts/flashinfer_wheel.py
-# to ~8 MB, apache-tvm-ffi ~3 MB, and pytest-xdist, which scripts/gpu_suite.sh uses to spread a
-# part over the host's cores). SGLang's Triton kernels (0.3 MB) come with either. The
-# repository (~28 MB) travels beside the wheelhouse and the GPU host takes 64 MiB in all: for the
+# to ~8 MB, and apache-tvm-ffi ~3 MB). Every set adds pytest-xdist (0.1 MB), which
+# scripts/gpu_suite.sh uses to spread a part over the host's cores. SGLang's Triton kernels
+# (0.3 MB) come with either. The repository (~28 MB) travels beside the wheelhouse and the GPU host takes 64 MiB in all: for the
 # bench and the GPU tests build `flashinfer` alone (`scripts/wheelhouse.sh .whl 3.12 flashinfer`).
 #
 # On the GPU host, from the project root:
@@ -26,7 +26,7 @@ tvm_ffi=${TVM_FFI_VERSION:-0.1.15.post2}   # FlashInfer asks for >=0.1.11,<0.2; 
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$out"
 pkgs="${WHEELHOUSE_EXTRA:-}"
-[[ $sets == *,flashinfer,* ]] && pkgs="pytest-xdist $pkgs"
+pkgs="pytest-xdist $pkgs"
 [[ $sets == *,notebooks,* ]] && pkgs="tabulate papermill nbclient nbformat ipykernel nbconvert plotly ipywidgets anywidget jupytext $pkgs"
 # already on the host image: keep them out so that pip resolves against what is installed there
 skip='^(torch|triton|numpy|cupy|nvidia-|cuda-|sympy|networkx|filelock|fsspec|jinja2|markupsafe|setuptools|typing.extensions|mpmath|pyyaml|packaging|psutil|pygments|attrs|requests|urllib3|idna|certifi|charset.normalizer|tqdm|pytest$|pluggy|iniconfig|narwhals|six|python.dateutil)'

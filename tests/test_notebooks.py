@@ -164,10 +164,20 @@ def test_the_default_interactive_notebooks_finish(tmp_path, name):
     t0 = time.perf_counter()
     papermill.execute_notebook(str(NOTEBOOKS / f"{name}.ipynb"), str(out), cwd=str(NOTEBOOKS), progress_bar=False,
                                kernel_name="python3", execution_timeout=120)
-    # a hang detector, not a benchmark: the run takes 6-9 s here (2 cores); the hang stalled it for
-    # 60-130 s (and sometimes for good) without any one cell passing its timeout
-    assert time.perf_counter() - t0 < 45, "nbclient stalled on the explorer"
+    wall = time.perf_counter() - t0
     nb = nbformat.read(out, as_version=4)
+    # A hang detector, not a benchmark. The hang stalled the run for 60-130 s (and sometimes for
+    # good) without any one cell passing its timeout: time that no cell's own run accounts for.
+    # So: the wall time less what papermill timed for the cells stays under 30 s (a kernel's start
+    # and shutdown take a few). Without a GPU the cells replay on the CPU in 6-9 s (2 cores), so the
+    # whole run is held under 45 s too; on a GPU they replay live, and how long that takes depends
+    # on the host's load (51 s under pytest-xdist's 12 workers on the H200), so there only the gap is held.
+    cells = [(c.metadata.get("papermill", {}).get("duration") or 0.0, i) for i, c in enumerate(nb.cells)]
+    gap = wall - sum(d for d, _ in cells)
+    slowest = ", ".join(f"cell {i} {d:.1f} s" for d, i in sorted(cells, reverse=True)[:3])
+    assert gap < 30, f"nbclient stalled: {gap:.1f} s of {wall:.1f} s in no cell (slowest: {slowest})"
+    if not torch.cuda.is_available():
+        assert wall < 45, f"the run took {wall:.1f} s (slowest: {slowest})"
     assert outputs(nb, WIDGET), "the explorer's controls"
     assert assert_figures_exported(nb) >= 3
 
