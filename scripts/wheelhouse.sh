@@ -8,8 +8,9 @@
 # $FLASHINFER_VERSION for the bench's flashinfer_mla row, repacked by scripts/flashinfer_wheel.py
 # to ~8 MB, and apache-tvm-ffi ~3 MB). Every set adds pytest-xdist (0.1 MB), which
 # scripts/gpu_suite.sh uses to spread a part over the host's cores. SGLang's Triton kernels
-# (0.3 MB) come with either. The repository (~28 MB) travels beside the wheelhouse and the GPU host takes 64 MiB in all: for the
-# bench and the GPU tests build `flashinfer` alone (`scripts/wheelhouse.sh .whl 3.12 flashinfer`).
+# (0.3 MB) come with either. The repository (~28 MB) travels beside the wheelhouse and the GPU
+# host takes 64 MiB in all: for the bench and the GPU tests build `flashinfer` alone
+# (`scripts/wheelhouse.sh .whl 3.12 flashinfer`).
 #
 # On the GPU host, from the project root:
 #   python3 -m pip install -q --no-index --find-links .whl -r .whl/requirements.txt
