@@ -65,9 +65,9 @@ run_part() {
     sanitizer)
       local tool rc=0
       # --report-api-errors no: cuda-bindings asks the driver for every entry point it wraps
-      # (cuGetProcAddress) and the driver refuses those it lacks, 34 refusals on the H200 that memcheck
-      # counted as errors. kdkit checks each CUresult of its own calls (kernel.launch's LaunchError);
-      # what the tools are for, the device's accesses and barriers, is reported as before.
+      # (cuGetProcAddress), the driver refuses those it lacks, and memcheck would count each refusal
+      # as an error. kdkit checks each CUresult of its own calls (kernel.launch's LaunchError); the
+      # device's accesses and barriers, what the tools are for, are reported as before.
       for tool in memcheck racecheck synccheck; do
         compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 1 "$PY" -m kdkit.perf.gpu_selfcheck || rc=1
       done

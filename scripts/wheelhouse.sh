@@ -26,8 +26,7 @@ flashinfer=${FLASHINFER_VERSION:-0.7.2.post1}
 tvm_ffi=${TVM_FFI_VERSION:-0.1.15.post2}   # FlashInfer asks for >=0.1.11,<0.2; the version measured with it
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$out"
-pkgs="${WHEELHOUSE_EXTRA:-}"
-pkgs="pytest-xdist $pkgs"
+pkgs="pytest-xdist ${WHEELHOUSE_EXTRA:-}"
 [[ $sets == *,notebooks,* ]] && pkgs="tabulate papermill nbclient nbformat ipykernel nbconvert plotly ipywidgets anywidget jupytext $pkgs"
 # already on the host image: keep them out so that pip resolves against what is installed there
 skip='^(torch|triton|numpy|cupy|nvidia-|cuda-|sympy|networkx|filelock|fsspec|jinja2|markupsafe|setuptools|typing.extensions|mpmath|pyyaml|packaging|psutil|pygments|attrs|requests|urllib3|idna|certifi|charset.normalizer|tqdm|pytest$|pluggy|iniconfig|narwhals|six|python.dateutil)'

@@ -166,12 +166,11 @@ def test_the_default_interactive_notebooks_finish(tmp_path, name):
                                kernel_name="python3", execution_timeout=120)
     wall = time.perf_counter() - t0
     nb = nbformat.read(out, as_version=4)
-    # A hang detector, not a benchmark. The hang stalled the run for 60-130 s (and sometimes for
-    # good) without any one cell passing its timeout: time that no cell's own run accounts for.
-    # So: the wall time less what papermill timed for the cells stays under 30 s (a kernel's start
-    # and shutdown take a few). Without a GPU the cells replay on the CPU in 6-9 s (2 cores), so the
-    # whole run is held under 45 s too; on a GPU they replay live, and how long that takes depends
-    # on the host's load (51 s under pytest-xdist's 12 workers on the H200), so there only the gap is held.
+    # A hang detector, not a benchmark: the hang stalled the run for 60-130 s (and sometimes for
+    # good) without any one cell passing its timeout. Without a GPU (CI) the run takes 6-9 s on 2
+    # cores, so it is held under 45 s. On a GPU the cells replay live and their time follows the
+    # host's load (51 s beside 11 other pytest workers on the H200), so there only the time that no
+    # cell accounts for is held (under 30 s: a kernel's start and shutdown take a few).
     cells = [(c.metadata.get("papermill", {}).get("duration") or 0.0, i) for i, c in enumerate(nb.cells)]
     gap = wall - sum(d for d, _ in cells)
     slowest = ", ".join(f"cell {i} {d:.1f} s" for d, i in sorted(cells, reverse=True)[:3])
