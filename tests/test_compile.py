@@ -77,6 +77,17 @@ def test_skip_builds_fit():
         assert rep.breaches() == [], (mutant, rep.table())
 
 
+def test_fused_builds_fit():
+    """The fused-merge builds (KD_FUSED: the split blocks merge in place) at every block size,
+    without and with the step skip: sm_120's limits, no spills; named so in their key. (On sm_90 the
+    two 40-row ones spill 4 B: that build is at 255 registers there, and the H200 is not the target.)"""
+    for nt in vk.NT_CHOICES:
+        for skip in (False, True):
+            rep = vk.compile_report("sm_120", vk.KernelConfig(nt=nt, skip=skip, fused=True))
+            assert rep.breaches() == [], rep.table()
+            assert "-fused1-" in rep.key
+
+
 def test_knockouts_are_timing_only_builds_named_in_their_key():
     """Each knockout (kdkit/kernel/knockouts.py: one part of the kernel switched off, to time what
     the part costs) builds within sm_120's limits, its module key names it, and its code differs
@@ -271,17 +282,19 @@ def test_cli_compile(capsys):
     out = capsys.readouterr().out
     assert vk.PARTIAL in out and "fits sm_120 limits: yes" in out and "sm_90" in out
     # by default every block size the planner may choose, the 40-row build (q_len 9 x H 8's, the
-    # nearest sm_120's limit) included, each without and with the step skip, for each arch
+    # nearest sm_120's limit) included, each without and with the step skip, each with the merge
+    # kernel and with the fused merge, for each arch
     for arch in ("sm_120", "sm_90"):
         for nt in vk.NT_CHOICES:
             assert f"{arch}, {8 * nt} rows per block (KD_NT={nt}):\n{arch}  mla_tc-nt{nt}-" in out
             assert f"{arch}, {8 * nt} rows per block (KD_NT={nt}), step skip (KD_SKIP=1):\n{arch}  mla_tc-nt{nt}-" in out
+            assert f"{arch}, {8 * nt} rows per block (KD_NT={nt}), fused merge (KD_FUSED=1):\n{arch}  mla_tc-nt{nt}-" in out
             if nt <= vk.GATHER_MAX_NT:
                 assert f"{arch}, {8 * nt} rows per block (KD_NT={nt}), column gather (KD_SKIP=2):" in out
-    assert out.count("fits sm_120 limits: yes") == 2 * (2 * len(vk.NT_CHOICES) + vk.GATHER_MAX_NT)
+    assert out.count("fits sm_120 limits: yes") == 2 * 2 * (2 * len(vk.NT_CHOICES) + vk.GATHER_MAX_NT)
     assert main(["compile", "--arch", "sm_120", "--rows", "40"]) == 0
     out = capsys.readouterr().out
-    assert out.count("rows per block") == 2 and "40 rows per block (KD_NT=5)" in out
+    assert out.count("rows per block") == 4 and "40 rows per block (KD_NT=5)" in out
     assert main(["compile", "--arch", "sm_120", "--mutant", "no-scale"]) == 0
     assert "-mut-no-scale-" in capsys.readouterr().out
     assert main(["compile", "--arch", "gfx90a"]) == 2

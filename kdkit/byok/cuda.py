@@ -24,7 +24,8 @@ over the text of every included header), for the GPU it runs on or for any sm_XX
 long long: the dtypes of the batch's index arrays) are written ahead of it.
 
 Per call a plan writes one layer's pointers and strides into argument buffers packed at plan time
-and calls cuLaunchKernel (cuda-bindings) on torch's current stream: no allocation, no device read.
+and queues its kernels on torch's current stream through kdkit's launcher (kdkit.kernel.launch): no
+allocation, no device read.
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ from ..backends import Prepared, Result
 from ..constants import V_HEAD_DIM
 from ..kernel import jit
 from ..kernel.api import Metadata, tensor_signature
-from ..kernel.launch import current_raw_stream
+from ..kernel.launch import Launcher, current_raw_stream
 from ..kernel.checks import InputError, check_metadata, check_tensors, read_sizes, require
 from .batch import as_uint8, case_batch, sglang_case
 
@@ -214,6 +215,7 @@ class Plan:
     launches: list
     layer_keys: tuple            # (tensor position in LAYER_TENSORS, stride dim or -1 for the pointer)
     workspace: dict
+    launcher: Launcher | None = None  # the launches, made once (kdkit.kernel.launch)
     _keep: list = field(default_factory=list)
     _seen: tuple | None = None   # the tensors' signature that last passed check_tensors
 
@@ -243,12 +245,10 @@ class Plan:
         return out, lse
 
     def launch(self) -> None:
-        """Launch every kernel on torch's current stream with the last bound tensors (graph-safe)."""
-        stream = current_raw_stream(self.device.index)
-        for b in self.launches:
-            (err,) = _launch_kernel(b.fn, *b.grid, *b.block, b.smem, stream, b.addr, 0)
-            if err != 0:
-                raise RuntimeError(f"{self.name}: cuLaunchKernel({b.entry}) failed: {err!r}")
+        """Launch every kernel on torch's current stream with the last bound tensors (graph-safe):
+        kdkit's own launcher (kdkit.kernel.launch: one native call for all of them where the host
+        has a C compiler). A refusal is a LaunchError naming the entry point and the driver's error."""
+        self.launcher(current_raw_stream(self.device.index))
 
     def run(self, q, k, v, kv_buffer, out=None, lse=None, check: bool = True):
         """Launch on one layer's tensors (graph-capturable). Returns (out, lse): the given buffers,
@@ -257,13 +257,6 @@ class Plan:
         if self.num_tokens:
             self.launch()
         return out, lse
-
-
-def _launch_kernel(*args):
-    from cuda.bindings import driver
-    global _launch_kernel
-    _launch_kernel = driver.cuLaunchKernel  # looked up once: the per-call path is this call alone
-    return driver.cuLaunchKernel(*args)
 
 
 def _arg_kind(name: str, workspace: dict, options: dict) -> str:
@@ -516,8 +509,9 @@ class CudaKernel:
                     b.set(i, kind, scalars[arg])
             b.slots, b.sel = np.array(slots, dtype=np.intp), sel
             bound.append(b)
+        launcher = Launcher([(b.entry, int(b.fn), b.grid, b.block, b.smem, b.addr) for b in bound], keep=tuple(bound))
         return Plan(self.NAME, mod.key, prob, dev, T, H, int(pool_rows_needed), out, lse, bound,
-                    tuple(layer_keys), ws, [m])
+                    tuple(layer_keys), ws, launcher, [m])
 
     def _bind_launch(self, lc: Launch, prob: Problem, raw, dev) -> _Bound:
         from cuda.bindings import driver

@@ -67,19 +67,21 @@ def run(args) -> int:
             raise BadInput(f"--sass {args.sass}: the folder is not writable; give a folder you can write")
     worst = EXIT_OK
     for arch in archs:
-        for nt, skip in builds.build_matrix(args.rows):  # every build the planner may choose, or --rows'
+        for nt, skip, fused in builds.build_matrix(args.rows):  # every build the planner may choose, or --rows'
+            cfg = KernelConfig(nt=nt, mutant=args.mutant, skip=skip, fused=fused)
             try:
-                rep = compile_report(arch, KernelConfig(nt=nt, mutant=args.mutant, skip=skip))
+                rep = compile_report(arch, cfg)
             except jit.BuildError as e:
                 err(str(e))
                 worst = EXIT_PROBLEM
                 continue
-            print(f"{arch}, {builds.ROWS_PER_NT * nt} rows per block (KD_NT={nt}){builds.SKIP_LABELS[skip]}:")
+            print(f"{arch}, {builds.ROWS_PER_NT * nt} rows per block (KD_NT={nt}){builds.SKIP_LABELS[skip]}"
+                  f"{builds.FUSED_LABEL if fused else ''}:")
             print(rep.table())
             if rep.breaches():
                 worst = EXIT_PROBLEM
             if args.sass is not None:
-                worst = max(worst, write_sass(Path(args.sass), arch, KernelConfig(nt=nt, mutant=args.mutant, skip=skip)))
+                worst = max(worst, write_sass(Path(args.sass), arch, cfg))
     return worst
 
 

@@ -14,7 +14,8 @@ one thread at a time (run rewrites the plan's argument bytes before each launch)
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import ctypes
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -81,17 +82,22 @@ class Plan:
     args: params.ArgBuffer         # the kernels' KdParams, packed once; run() rebinds its first slots
     launcher: launch.Launcher      # the plan's launches (partial, then merge where it splits)
     merge_groups: int = 1          # the merge kernel's blockDim.y (schedule.merge_groups)
+    fused: bool = False            # the split blocks merge in place: one cooperative launch, no merge kernel
     _keep: list = field(default_factory=list)  # workspace the argument points into
     _seen: tuple | None = None     # the tensors' metadata of the last run() that passed check_tensors
 
     def __post_init__(self):
         self.device_index = self.device.index  # (read per run: an int, not a torch.device attribute)
+        # the plan's own buffers' pointers and strides, read once (run() writes them when the caller
+        # gives no out / lse: each torch attribute read is ~0.1-0.2 us of a per-layer call)
+        self._own = (self.out.data_ptr(), self.out.stride(), self.lse.data_ptr())
 
     @property
     def info(self) -> dict:
         return {"nsplit": self.nsplit, "rows_per_cta": self.rows_per_cta, "grid": self.grid, "warps": self.threads // 32,
-                "merge_groups": self.merge_groups,
-                "module": self.key, "smem": self.smem, "mutant": self.config.mutant, "knockout": self.config.knockout}
+                "merge_groups": self.merge_groups, "fused": self.fused,
+                "module": self.key, "smem": self.smem, "mutant": self.config.mutant, "knockout": self.config.knockout,
+                "launch": self.launcher.path}
 
 
 def _ptr(t) -> int:
@@ -171,6 +177,45 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
                          f"{schedule.workspace_bytes(ns, total_rows) >> 20} MiB of fp32 workspace (limit "
                          f"{schedule.WORKSPACE_LIMIT >> 20} MiB, {schedule.workspace_splits(total_rows)} splits at "
                          "these rows); use fewer splits (nsplit=None chooses)")
+    grid = (blocks, ns, sizes["bs"])
+    if ns > 1 and T > 0 and o.fused is not False:  # the fused merge, where the grid fits the GPU at once
+        fcfg = replace(cfg, fused=True)
+        mod, meta, raw, partial, merge = _load(fcfg)
+        if _fits(o.fused, grid, partial, meta, sm_count):
+            cfg = fcfg
+    if not cfg.fused:
+        mod, meta, raw, partial, merge = _load(cfg)
+    fused = cfg.fused
+    out = torch.empty(T, H, spec.DL, dtype=_BF16, device=dev)
+    lse = torch.empty(T, H, dtype=torch.float32, device=dev)
+    o_part = lse_part = counters = None
+    if ns > 1:
+        o_part = torch.empty(ns, total_rows, spec.DL, dtype=torch.float32, device=dev)
+        lse_part = torch.empty(ns, total_rows, dtype=torch.float32, device=dev)
+    if fused:  # the fused merge's arrival counts: zero once, then they only grow (no reset per replay)
+        counters = torch.zeros(blocks * sizes["bs"], dtype=torch.int64, device=dev)
+    args = params.ArgBuffer(params.pack(
+        qo_indptr=_ptr(qo_indptr), kv_indptr=_ptr(kv_indptr), kv_indices=_ptr(kv_indices),
+        prefix_lens=_ptr(prefix_lens), mask=_ptr(custom_mask), mask_indptr=_ptr(mask_indptr),
+        o_part=_ptr(o_part), lse_part=_ptr(lse_part), counters=_ptr(counters), num_heads=H, nsplit=ns,
+        rows_per_cta=rpc, total_rows=total_rows, unified=int(layout == "unified"), causal=int(m.causal),
+        sm_scale=m.sm_scale, logit_cap=m.logit_cap))
+    groups = schedule.merge_groups(total_rows, ns, sm_count, threads_per_sm)
+    kp = launch.kernel_params(args.address)  # both kernels take the one KdParams
+    calls = [(spec.PARTIAL, launch.function_handle(partial), grid, (meta["threads"], 1, 1), meta["smem_bytes"],
+              ctypes.addressof(kp), fused)]
+    if ns > 1 and not fused:
+        calls.append((spec.MERGE, launch.function_handle(merge), (total_rows, 1, 1),
+                      (spec.MERGE_THREADS, groups, 1), 0, ctypes.addressof(kp)))
+    return Plan(m, o, cfg, dev, T, H, ns, rpc, grid, meta["smem_bytes"], meta["threads"],
+                sizes["pool_rows_needed"], mod.key, out, lse, args,
+                launch.Launcher(calls if T else [], keep=(kp, args)), groups, fused,
+                [o_part, lse_part, counters, m, raw])
+
+
+def _load(cfg: spec.KernelConfig):
+    """The build of `cfg` for this GPU, loaded: (module, its meta, the CuPy module, the partial
+    kernel with its dynamic shared memory allowed, the merge kernel)."""
     mod = spec.build(cfg, jit.device_arch())
     meta = mod.meta()
     if meta.get("block_n") != schedule.BLOCK_N or meta.get("rows") != cfg.rows:
@@ -179,27 +224,21 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
     raw = jit.load(mod)
     partial, merge = raw.get_function(spec.PARTIAL), raw.get_function(spec.MERGE)
     partial.max_dynamic_shared_size_bytes = meta["smem_bytes"]  # (an attribute of the CUfunction itself)
-    out = torch.empty(T, H, spec.DL, dtype=_BF16, device=dev)
-    lse = torch.empty(T, H, dtype=torch.float32, device=dev)
-    o_part = lse_part = None
-    if ns > 1:
-        o_part = torch.empty(ns, total_rows, spec.DL, dtype=torch.float32, device=dev)
-        lse_part = torch.empty(ns, total_rows, dtype=torch.float32, device=dev)
-    args = params.ArgBuffer(params.pack(
-        qo_indptr=_ptr(qo_indptr), kv_indptr=_ptr(kv_indptr), kv_indices=_ptr(kv_indices),
-        prefix_lens=_ptr(prefix_lens), mask=_ptr(custom_mask), mask_indptr=_ptr(mask_indptr),
-        o_part=_ptr(o_part), lse_part=_ptr(lse_part), num_heads=H, nsplit=ns, rows_per_cta=rpc,
-        total_rows=total_rows, unified=int(layout == "unified"), causal=int(m.causal),
-        sm_scale=m.sm_scale, logit_cap=m.logit_cap))
-    grid = (blocks, ns, sizes["bs"])
-    groups = schedule.merge_groups(total_rows, ns, sm_count, threads_per_sm)
-    calls = [(spec.PARTIAL, launch.function_handle(partial), grid, (meta["threads"], 1, 1), meta["smem_bytes"])]
-    if ns > 1:
-        calls.append((spec.MERGE, launch.function_handle(merge), (total_rows, 1, 1),
-                      (spec.MERGE_THREADS, groups, 1), 0))
-    return Plan(m, o, cfg, dev, T, H, ns, rpc, grid, meta["smem_bytes"], meta["threads"],
-                sizes["pool_rows_needed"], mod.key, out, lse, args,
-                launch.Launcher(calls if T else [], args.address), groups, [o_part, lse_part, m, raw])
+    return mod, meta, raw, partial, merge
+
+
+def _fits(choice, grid, partial, meta, sm_count) -> bool:
+    """Whether the fused build's grid can be resident at once, as its cooperative launch needs
+    (the blocks of a row block wait for each other): the grid's blocks at most the GPU's SMs times
+    the blocks one SM holds at the build's threads, registers and shared memory. choice True
+    (asked for) where it cannot: refused, naming the field."""
+    need = grid[0] * grid[1] * grid[2]
+    per_sm = launch.resident_blocks(launch.function_handle(partial), meta["threads"], meta["smem_bytes"])
+    fits = need <= per_sm * sm_count
+    require(fits or choice is None, "fused",
+            f"True, but the grid's {need} blocks exceed the {per_sm * sm_count} this GPU holds at once "
+            f"({per_sm} per SM x {sm_count} SMs); use fewer splits, or fused=None (the plan's choice)")
+    return fits
 
 
 def tensor_signature(q, k, v, kv_buffer, out, lse) -> tuple:
@@ -221,9 +260,13 @@ def bind(p: Plan, q, k, v, kv_buffer, out=None, lse=None):
     (check_tensors, which names the field and the fix) runs when the tensors' shapes, strides,
     dtypes or devices differ from those of the last call that passed it; otherwise only the
     addresses' 16-byte alignment is checked, since the pointers are new each layer."""
-    o = p.out if out is None else out
-    l = p.lse if lse is None else lse
-    qp, kp, vp, bp, op = q.data_ptr(), k.data_ptr(), v.data_ptr(), kv_buffer.data_ptr(), o.data_ptr()
+    op, os_, lp = p._own
+    o, l = p.out, p.lse
+    if out is not None:
+        o, op, os_ = out, out.data_ptr(), out.stride()
+    if lse is not None:
+        l, lp = lse, lse.data_ptr()
+    qp, kp, vp, bp = q.data_ptr(), k.data_ptr(), v.data_ptr(), kv_buffer.data_ptr()
     sig = tensor_signature(q, k, v, kv_buffer, out, lse)
     if sig != p._seen or (qp | kp | vp | bp | op) & 15:
         check_tensors(p, q, k, v, kv_buffer, out, lse)  # raises InputError, naming the field
@@ -231,8 +274,8 @@ def bind(p: Plan, q, k, v, kv_buffer, out=None, lse=None):
     if launch.current_device() != p.device_index:
         require(False, "q", f"the plan is for {p.device} but the current device is cuda:{launch.current_device()} "
                 f"(the launch goes to its stream); run under `with torch.cuda.device({p.device.index}):`")
-    qs, os_ = sig[1], o.stride()
-    p.args.bind(qp, kp, vp, bp, op, l.data_ptr(), qs[0], qs[1], sig[5][0], sig[9][0], sig[13][0], os_[0], os_[1])
+    qs = sig[1]
+    p.args.bind(qp, kp, vp, bp, op, lp, qs[0], qs[1], sig[5][0], sig[9][0], sig[13][0], os_[0], os_[1])
     return o, l
 
 

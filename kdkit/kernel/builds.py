@@ -4,8 +4,8 @@ them; nothing here compiles.
 
     archs = supported_archs()               # {"min": 80, "nvrtc": [...] or None}
     check_arch("sm_120", archs)             # ArchError naming what this NVRTC can build
-    for nt, skip in build_matrix(): ...     # every (n-tiles, skip mode) the planner may choose
-    SKIP_LABELS[skip]                       # ", step skip (KD_SKIP=1)"
+    for nt, skip, fused in build_matrix(): ...  # every (n-tiles, skip mode, fused merge) the planner may choose
+    SKIP_LABELS[skip]                       # ", step skip (KD_SKIP=1)"; FUSED_LABEL where fused
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ ROWS_PER_NT = 8   # query (token, head) rows per n-tile: a block of KD_NT n-tile
 
 # what each skip mode of a build is called in `kdkit compile`'s tables (spec.KernelConfig.skip)
 SKIP_LABELS = {False: "", True: ", step skip (KD_SKIP=1)", "gather": ", column gather (KD_SKIP=2)"}
+FUSED_LABEL = ", fused merge (KD_FUSED=1)"
 
 
 class ArchError(ValueError):
@@ -54,15 +55,17 @@ def check_arch(arch: str, archs: dict) -> None:
         raise ArchError(f"{arch}: this NVRTC builds the kernel for {', '.join(ok)}")
 
 
-def build_matrix(rows: int | None = None) -> list[tuple[int, object]]:
-    """(nt, skip) of every build the planner may choose: every block size (schedule.choose picks by
-    shape: q_len 9 x H 8 = 72 rows takes 40 rows per block at long KV, the build nearest sm_120's
-    shared-memory limit, and 8 at short KV), or the one of `rows` rows; each without and with the
-    step skip (schedule.choose_skip: deep trees at a short prefix), and with the column gather
-    where its column list fits (nt <= GATHER_MAX_NT)."""
+def build_matrix(rows: int | None = None) -> list[tuple[int, object, bool]]:
+    """(nt, skip, fused) of every build the planner may choose: every block size (schedule.choose
+    picks by shape: q_len 9 x H 8 = 72 rows takes 40 rows per block at long KV, the build nearest
+    sm_120's shared-memory limit, and 8 at short KV), or the one of `rows` rows; each without and
+    with the step skip (schedule.choose_skip: deep trees at a short prefix), and with the column
+    gather where its column list fits (nt <= GATHER_MAX_NT); each of those with the merge kernel and
+    with the fused merge (plan(): where the plan splits and its grid fits the GPU at once)."""
     nts = [rows // ROWS_PER_NT] if rows else list(NT_CHOICES)
-    return [(nt, skip) for nt in nts
-            for skip in ((False, True, "gather") if nt <= GATHER_MAX_NT else (False, True))]
+    return [(nt, skip, fused) for nt in nts
+            for skip in ((False, True, "gather") if nt <= GATHER_MAX_NT else (False, True))
+            for fused in (False, True)]
 
 
 def row_choices() -> list[int]:
@@ -70,5 +73,5 @@ def row_choices() -> list[int]:
     return [ROWS_PER_NT * n for n in NT_CHOICES]
 
 
-__all__ = ["ArchError", "ROWS_PER_NT", "SKIP_LABELS", "build_matrix", "check_arch", "row_choices",
+__all__ = ["ArchError", "FUSED_LABEL", "ROWS_PER_NT", "SKIP_LABELS", "build_matrix", "check_arch", "row_choices",
            "supported_archs"]

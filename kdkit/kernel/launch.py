@@ -63,30 +63,85 @@ def function_handle(raw_kernel) -> int:
                           "kdkit needs CuPy >= 13 (kdkit's 'gpu' extra)") from None
 
 
+def resident_blocks(fn: int, threads: int, smem: int) -> int:
+    """How many blocks of kernel `fn` one SM holds at once at this block size and dynamic shared
+    memory (the driver's occupancy calculator)."""
+    from cuda.bindings import driver
+    err, n = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(driver.CUfunction(fn), threads, smem)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise LaunchError(f"cuOccupancyMaxActiveBlocksPerMultiprocessor: {err.name}")
+    return int(n)
+
+
 class Launcher:
     """A plan's launches, made once: `launcher(stream)` queues them on `stream`.
 
-    calls: (entry point, function handle, grid (x, y, z), block (x, y, z), dynamic shared bytes)
-    per kernel, in launch order; params_address: the KdParams bytes every kernel takes."""
+    calls: (entry point, function handle, grid (x, y, z), block (x, y, z), dynamic shared bytes,
+    kernelParams address[, cooperative]) per kernel, in launch order (cooperative: every block
+    resident at once, cuLaunchCooperativeKernel; the fused merge's blocks wait for each other).
+    Where kdkit/kernel/native.py's launcher builds, one ctypes call queues them all (the driver
+    calls in C); else one cuda-bindings call per kernel. `path` says which, `why_bindings` why not
+    the native one. keep: what the kernelParams addresses point into (held as long as the launcher)."""
 
-    def __init__(self, calls, params_address: int):
+    def __init__(self, calls, keep=()):
         from cuda.bindings import driver
+
+        from . import native
+        self._driver = driver
+        self._keep = keep
         self._launch = driver.cuLaunchKernel
+        self._launch_coop = driver.cuLaunchCooperativeKernel
         self._ok = driver.CUresult.CUDA_SUCCESS
-        self._ptrs = (ctypes.c_void_p * 1)(params_address)  # kernelParams: one void* per kernel argument
-        kp = ctypes.addressof(self._ptrs)
-        self.calls = tuple((name, driver.CUfunction(fn), *grid, *block, int(smem), kp)
-                           for name, fn, grid, block, smem in calls)
+        calls = [(*c, False) if len(c) == 6 else tuple(c) for c in calls]
+        self.calls = tuple((name, driver.CUfunction(fn), *grid, *block, int(smem), int(kp), bool(coop))
+                           for name, fn, grid, block, smem, kp, coop in calls)
+        self._native, self.why_bindings = native.kd_launch(), native.unavailable()
+        if self._native is not None:
+            try:
+                entries = (native.driver_address("cuLaunchKernel"), native.driver_address("cuLaunchCooperativeKernel"))
+            except RuntimeError as e:  # (a driver without the entry point: cuda-bindings finds it its own way)
+                self._native, self.why_bindings = None, str(e)
+        if self._native is not None:
+            self._table = (native.KdCall * max(len(calls), 1))()
+            for c, (_, fn, grid, block, smem, kp, coop) in zip(self._table, calls):
+                c.fn, c.params, c.grid[:], c.block[:], c.smem, c.coop = int(fn), int(kp), grid, block, int(smem), coop
+            self._table_args = (*entries, ctypes.addressof(self._table), len(calls))
+        self.path = "native" if self._native is not None else "cuda-bindings"
 
     def __call__(self, stream: int, only: str | None = None) -> None:
         """Queue the launches on `stream` (only: just the entry point of that name, for the probes
         that time one kernel of a plan)."""
-        launch, ok = self._launch, self._ok
-        for name, fn, gx, gy, gz, bx, by, bz, smem, kp in self.calls:
+        if only is None and self._native is not None:
+            fn, fn_coop, table, n = self._table_args
+            r = self._native(fn, fn_coop, table, n, stream)
+            if r:
+                self._refused(r >> 32, r & 0xFFFFFFFF)
+            return
+        ok = self._ok
+        for i, (name, fn, gx, gy, gz, bx, by, bz, smem, kp, coop) in enumerate(self.calls):
             if only is not None and name != only:
                 continue
-            err = launch(fn, gx, gy, gz, bx, by, bz, smem, stream, kp, 0)[0]
+            if coop:
+                err = self._launch_coop(fn, gx, gy, gz, bx, by, bz, smem, stream, kp)[0]
+            else:
+                err = self._launch(fn, gx, gy, gz, bx, by, bz, smem, stream, kp, 0)[0]
             if err != ok:
-                raise LaunchError(f"cuLaunchKernel({name}, grid ({gx}, {gy}, {gz}), block ({bx}, {by}, {bz}), "
-                                  f"{smem} B shared): {err.name}; launch on the plan's device (with "
-                                  "torch.cuda.device(...):) and after the module loaded there")
+                self._refused(i + 1, err)
+
+    def _refused(self, index: int, err) -> None:
+        """Raise the LaunchError for call index - 1 (1-based, as kd_launch reports it)."""
+        name, _, gx, gy, gz, bx, by, bz, smem, _, coop = self.calls[index - 1]
+        try:
+            err = self._driver.CUresult(int(err))
+        except ValueError:
+            pass
+        what = "cuLaunchCooperativeKernel" if coop else "cuLaunchKernel"
+        raise LaunchError(f"{what}({name}, grid ({gx}, {gy}, {gz}), block ({bx}, {by}, {bz}), "
+                          f"{smem} B shared): {getattr(err, 'name', err)}; launch on the plan's device (with "
+                          "torch.cuda.device(...):) and after the module loaded there")
+
+
+def kernel_params(address: int):
+    """A kernelParams array of one pointer (to a kernel's single struct argument at `address`);
+    the caller keeps it alive as long as the launches that read it."""
+    return (ctypes.c_void_p * 1)(address)

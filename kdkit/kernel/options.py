@@ -3,7 +3,9 @@
 The problem (the batch's index arrays, heads, scale, cap, layout, dtype) says WHAT to compute;
 these say HOW, and are the same for every batch of a run, so a caller builds them once:
 
-- tuning: `nsplit, nt, nh, skip` (None: the planner's choice, kdkit/kernel/schedule.py);
+- tuning: `nsplit, nt, nh, skip` (None: the planner's choice, kdkit/kernel/schedule.py) and
+  `fused` (the split blocks merge in place in one cooperative launch, no merge kernel; None: where
+  the plan splits and its grid fits the GPU's resident blocks);
 - negative controls: `mutant` (a wrong build the judge must catch, kdkit/mutants.py) and `knockout`
   (a timing-only build with one part off, kdkit/kernel/knockouts.py): both wrong by design;
 - graph hints: `check` (False: read nothing from the device, for planning inside CUDA-graph
@@ -30,6 +32,7 @@ class PlanOptions:
     nt: int | None = None
     nh: int | None = None
     skip: bool | str | None = None
+    fused: bool | None = None
     # negative controls (wrong by design)
     mutant: str | None = None
     knockout: str | None = None
@@ -47,6 +50,7 @@ class PlanOptions:
                 f"{self.nh}: choose one of {spec.NH_CHOICES} (2: 16 warps per block)")
         require(self.skip is None or self.skip in spec.SKIP_CHOICES, "skip",
                 f"{self.skip!r}: choose one of {spec.SKIP_CHOICES} (None: the plan's)")
+        require(self.fused in (None, True, False), "fused", f"{self.fused!r}: True, False or None (the plan's)")
         for name in ("num_tokens", "max_q_len", "max_kv_len"):
             value = getattr(self, name)
             require(value is None or (isinstance(value, numbers.Integral) and value >= 0), name,

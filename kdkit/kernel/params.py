@@ -38,6 +38,7 @@ FIELDS: tuple[tuple[str, str, str], ...] = (
     ("mask_indptr", "const void*", "[bs+1] KD_MIP_T start offsets, or null"),
     ("o_part", "float*", "[nsplit, T*H, 512] fp32 split partials (nsplit > 1)"),
     ("lse_part", "float*", "[nsplit, T*H] fp32"),
+    ("counters", "unsigned long long*", "[bs * row blocks] the fused merge's arrival counts (KD_FUSED builds), or null"),
     ("num_heads", "int", "H"),
     ("nsplit", "int", "KV splits per request"),
     ("rows_per_cta", "int", "(token, head) rows of one request per block, <= 8 * KD_NT"),

@@ -57,6 +57,7 @@ class KernelConfig:
     mip_t: torch.dtype = torch.int64
     pfx_t: torch.dtype = torch.int64
     knockout: str | None = None  # a timing-only build, wrong by design (kdkit/kernel/knockouts.py)
+    fused: bool = False       # the split blocks merge in place (a cooperative launch, no merge kernel)
 
     def __post_init__(self):
         if self.nt not in NT_CHOICES:
@@ -82,7 +83,7 @@ class KernelConfig:
     def defines(self) -> dict:
         d = {"KD_DL": DL, "KD_DR": DR, "KD_NT": self.nt, "KD_NH": self.nh, "KD_SKIP": 2 if self.skip == "gather" else int(bool(self.skip)), "KD_MAX_SPLITS": MAX_SPLITS,
              "KD_MERGE_GROUPS": MERGE_GROUPS, "KD_MERGE_THREADS": MERGE_THREADS,
-             "KD_SMEM_LIMIT": jit.SM120_SMEM_LIMIT,
+             "KD_SMEM_LIMIT": jit.SM120_SMEM_LIMIT, "KD_FUSED": int(self.fused),
              "KD_QO_T": _CTYPES[self.qo_t], "KD_KVP_T": _CTYPES[self.kvp_t],
              "KD_KVI_T": _CTYPES[self.kvi_t], "KD_MIP_T": _CTYPES[self.mip_t],
              "KD_PFX_T": _CTYPES[self.pfx_t]}
@@ -97,6 +98,8 @@ class KernelConfig:
             t["nh"] = self.nh
         if self.skip:
             t["skip"] = "gather" if self.skip == "gather" else 1
+        if self.fused:
+            t["fused"] = 1
         if self.mutant:
             t["mut-"] = self.mutant
         if self.knockout:

@@ -37,7 +37,8 @@ def main() -> int:
         m = compare.metrics(res.out, ref, res.lse, ref_lse, lse_cond=cond, out_scale=scale)
         v = compare.judge("cuda", m, ref)
         bad += not v.passed
-        print(f"{'ok  ' if v.passed else 'FAIL'} {name:32s} nsplit={res.info['nsplit']:<4d} {v.reasons[0]}")
+        merge = "fused" if res.info["fused"] else "kernel" if res.info["nsplit"] > 1 else "-"
+        print(f"{'ok  ' if v.passed else 'FAIL'} {name:32s} nsplit={res.info['nsplit']:<4d} merge={merge:<6s} {v.reasons[0]}")
     return 1 if bad else 0
 
 

@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     for s in args.shapes:
         case = bench.make_case(s)
         x = cuda.to_device(case)
-        p = cuda.plan_case(case, x)
+        p = cuda.plan_case(case, x, kernel.PlanOptions(fused=False))  # the merge as its own kernel, to time apart
         if p.nsplit == 1:
             print(f"{s.bs}x{s.prefix} q{s.q_len}: one split, no merge")
             continue

@@ -50,6 +50,14 @@ __device__ __forceinline__ T ld_now(const T* ptr) {
   return v;
 }
 
+// a counter other blocks of the grid increment: acquire at GPU scope, so what they wrote before
+// counting in is visible after this load sees their count (the fused merge's wait)
+__device__ __forceinline__ unsigned long long ld_acquire_u64(const unsigned long long* ptr) {
+  unsigned long long x;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];\n" : "=l"(x) : "l"(ptr) : "memory");
+  return x;
+}
+
 // four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i
 __device__ __forceinline__ void ldsm_x4(kd_u32 addr, kd_u32 (&r)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"

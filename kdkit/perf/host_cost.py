@@ -1,0 +1,94 @@
+"""What kdkit's run() costs the CPU, part by part, through either launch path (the native one of
+kdkit/kernel/host/kd_launch.c, and cuda-bindings):
+
+    python -m kdkit.perf.host_cost [--shapes 1x21q9h8,1x21q9h16,1x8192q9h8,4x8192q257h16] [--out x.json]
+
+Per shape (kdkit.perf.timing's host_us: the mean per call over 20 calls queued behind a GPU sleep,
+the median of 5 such means) and per path: bind (the tensors' check and the argument's bytes), the
+launcher alone (the plan's one or two kernels queued), run() whole, the bare cuda-bindings driver
+calls with the same arguments (the floor of that path), and the eager call with its host work in
+view (Timer.eager_us: flush, events around the call, no GPU sleep). One line per shape and path.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+
+from .. import kernel
+from ..backends import cuda
+from ..kernel import launch
+from . import bench
+from .timing import Timer
+
+
+def _shape(text: str) -> bench.Shape:
+    m = re.fullmatch(r"(\d+)x(\d+)q(\d+)h(\d+)", text.strip())
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r}: write a shape as BSxPREFIXqQ_LENhHEADS, e.g. 1x21q9h8")
+    return bench.Shape(*(int(g) for g in m.groups()))
+
+
+DEFAULT = "1x21q9h8,1x21q9h16,1x8192q9h8,1x131072q9h16,4x8192q257h16"
+
+
+def measure(shape: bench.Shape, timer: Timer) -> list[dict]:
+    """The rows of one shape: one per launch path the host has."""
+    from cuda.bindings import driver
+    case = bench.make_case(shape)
+    x = cuda.to_device(case)
+    p = cuda.plan_case(case, x)
+    q, k, v, kvb = x["q"], x["k"], x["v"], x["kv_buffer"]
+    kernel.run(p, q, k, v, kvb)
+    stream = launch.current_raw_stream(p.device_index)
+    calls = p.launcher.calls
+
+    def bare():
+        for _, fn, gx, gy, gz, bx, by, bz, smem, kp, coop in calls:
+            if coop:
+                driver.cuLaunchCooperativeKernel(fn, gx, gy, gz, bx, by, bz, smem, stream, kp)
+            else:
+                driver.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, smem, stream, kp, 0)
+
+    native_fn = p.launcher._native
+    rows = []
+    for path in ("native", "cuda-bindings"):
+        if path == "native" and native_fn is None:
+            continue
+        p.launcher._native = native_fn if path == "native" else None
+        rows.append({"shape": shape.label, "path": path, "kernels": len(calls), "nsplit": p.nsplit, "fused": p.fused,
+                     "bind_us": timer.host_us(lambda: kernel.bind(p, q, k, v, kvb)),
+                     "launcher_us": timer.host_us(lambda: p.launcher(stream)),
+                     "run_us": timer.host_us(lambda: kernel.run(p, q, k, v, kvb)),
+                     "bare_bindings_us": timer.host_us(bare),
+                     "eager_us": timer.eager_us(lambda: kernel.run(p, q, k, v, kvb)),
+                     "gpu_us": timer.us(lambda: kernel.run(p, q, k, v, kvb))})
+    p.launcher._native = native_fn
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", type=lambda s: [_shape(t) for t in s.split(",")],
+                    default=[_shape(t) for t in DEFAULT.split(",")])
+    ap.add_argument("--out", help="also write the rows as JSON here")
+    args = ap.parse_args(argv)
+    from ..kernel import native
+    print(f"native launch: {native.unavailable() or 'available'}")
+    timer = Timer("cuda")
+    rows = []
+    keys = ("bind_us", "launcher_us", "run_us", "bare_bindings_us", "eager_us", "gpu_us")
+    print("shape | path | kernels | " + " | ".join(keys))
+    for s in args.shapes:
+        for r in measure(s, timer):
+            rows.append(r)
+            print(f"{r['shape']} | {r['path']} | {r['kernels']}{' fused' * r['fused']} | " +
+                  " | ".join(f"{r[k]:.2f}" for k in keys), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
