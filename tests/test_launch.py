@@ -26,36 +26,12 @@ def test_a_refused_launch_names_the_entry_point_and_the_error():
     good = out.clone()
     name, fn, gx, gy, gz, bx, by, bz, smem, kp, coop = p.launcher.calls[0]
     assert name == spec.PARTIAL
-    for native in (True, False):  # the refusal through either launch path
-        bad = launch.Launcher([(name, int(fn), (gx, gy, gz), (2048, 1, 1), smem, kp, coop)],  # > 1024 threads
-                              keep=p.launcher._keep)
-        if not native:
-            bad._native = None  # (the cuda-bindings path, as where no C compiler builds the native one)
-        elif bad.path != "native":
-            continue
-        with pytest.raises(launch.LaunchError, match=rf"{spec.PARTIAL}.*CUDA_ERROR_INVALID_VALUE"):
-            bad(launch.current_raw_stream(p.device_index))
+    bad = launch.Launcher([(name, int(fn), (gx, gy, gz), (2048, 1, 1), smem, kp, coop)],  # > 1024 threads
+                          keep=p.launcher._keep)
+    with pytest.raises(launch.LaunchError, match=rf"{spec.PARTIAL}.*CUDA_ERROR_INVALID_VALUE"):
+        bad(launch.current_raw_stream(p.device_index))
     # the same plan still runs, and gives the same bits
     out, _ = kernel.run(p, x["q"], x["k"], x["v"], x["kv_buffer"])
     torch.cuda.synchronize()
     assert torch.equal(out, good)
 
-
-@pytest.mark.gpu
-def test_the_native_launch_is_taken_where_it_builds_and_gives_the_bindings_bits():
-    """With a C compiler on the host, plans launch through kdkit/kernel/host/kd_launch.c (one
-    ctypes call for both kernels); its output is the cuda-bindings path's, bit for bit."""
-    from kdkit.kernel import native
-    case = load(SEED)
-    x = to_device(case)
-    p = plan_case(case, x, PlanOptions(nsplit=4))
-    if native.unavailable() is None:
-        assert p.info["launch"] == "native"
-    out, lse = kernel.run(p, x["q"], x["k"], x["v"], x["kv_buffer"])
-    torch.cuda.synchronize()
-    got = out.clone(), lse.clone()
-    p.out.zero_()
-    p.launcher._native = None
-    out, lse = kernel.run(p, x["q"], x["k"], x["v"], x["kv_buffer"])
-    torch.cuda.synchronize()
-    assert torch.equal(out, got[0]) and torch.equal(lse, got[1])

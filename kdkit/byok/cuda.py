@@ -245,9 +245,9 @@ class Plan:
         return out, lse
 
     def launch(self) -> None:
-        """Launch every kernel on torch's current stream with the last bound tensors (graph-safe):
-        kdkit's own launcher (kdkit.kernel.launch: one native call for all of them where the host
-        has a C compiler). A refusal is a LaunchError naming the entry point and the driver's error."""
+        """Launch every kernel on torch's current stream with the last bound tensors (graph-safe),
+        through kdkit's launcher (kdkit.kernel.launch: one driver call each, made ready at plan
+        time). A refusal is a LaunchError naming the entry point and the driver's error."""
         self.launcher(current_raw_stream(self.device.index))
 
     def run(self, q, k, v, kv_buffer, out=None, lse=None, check: bool = True):

@@ -96,8 +96,7 @@ class Plan:
     def info(self) -> dict:
         return {"nsplit": self.nsplit, "rows_per_cta": self.rows_per_cta, "grid": self.grid, "warps": self.threads // 32,
                 "merge_groups": self.merge_groups, "fused": self.fused,
-                "module": self.key, "smem": self.smem, "mutant": self.config.mutant, "knockout": self.config.knockout,
-                "launch": self.launcher.path}
+                "module": self.key, "smem": self.smem, "mutant": self.config.mutant, "knockout": self.config.knockout}
 
 
 def _ptr(t) -> int:

@@ -74,19 +74,16 @@ def resident_blocks(fn: int, threads: int, smem: int) -> int:
 
 
 class Launcher:
-    """A plan's launches, made once: `launcher(stream)` queues them on `stream`.
+    """A plan's launches, made once: `launcher(stream)` queues them on `stream`, one cuda-bindings
+    driver call per kernel.
 
     calls: (entry point, function handle, grid (x, y, z), block (x, y, z), dynamic shared bytes,
     kernelParams address[, cooperative]) per kernel, in launch order (cooperative: every block
     resident at once, cuLaunchCooperativeKernel; the fused merge's blocks wait for each other).
-    Where kdkit/kernel/native.py's launcher builds, one ctypes call queues them all (the driver
-    calls in C); else one cuda-bindings call per kernel. `path` says which, `why_bindings` why not
-    the native one. keep: what the kernelParams addresses point into (held as long as the launcher)."""
+    keep: what the kernelParams addresses point into (held as long as the launcher)."""
 
     def __init__(self, calls, keep=()):
         from cuda.bindings import driver
-
-        from . import native
         self._driver = driver
         self._keep = keep
         self._launch = driver.cuLaunchKernel
@@ -95,30 +92,12 @@ class Launcher:
         calls = [(*c, False) if len(c) == 6 else tuple(c) for c in calls]
         self.calls = tuple((name, driver.CUfunction(fn), *grid, *block, int(smem), int(kp), bool(coop))
                            for name, fn, grid, block, smem, kp, coop in calls)
-        self._native, self.why_bindings = native.kd_launch(), native.unavailable()
-        if self._native is not None:
-            try:
-                entries = (native.driver_address("cuLaunchKernel"), native.driver_address("cuLaunchCooperativeKernel"))
-            except RuntimeError as e:  # (a driver without the entry point: cuda-bindings finds it its own way)
-                self._native, self.why_bindings = None, str(e)
-        if self._native is not None:
-            self._table = (native.KdCall * max(len(calls), 1))()
-            for c, (_, fn, grid, block, smem, kp, coop) in zip(self._table, calls):
-                c.fn, c.params, c.grid[:], c.block[:], c.smem, c.coop = int(fn), int(kp), grid, block, int(smem), coop
-            self._table_args = (*entries, ctypes.addressof(self._table), len(calls))
-        self.path = "native" if self._native is not None else "cuda-bindings"
 
     def __call__(self, stream: int, only: str | None = None) -> None:
         """Queue the launches on `stream` (only: just the entry point of that name, for the probes
         that time one kernel of a plan)."""
-        if only is None and self._native is not None:
-            fn, fn_coop, table, n = self._table_args
-            r = self._native(fn, fn_coop, table, n, stream)
-            if r:
-                self._refused(r >> 32, r & 0xFFFFFFFF)
-            return
         ok = self._ok
-        for i, (name, fn, gx, gy, gz, bx, by, bz, smem, kp, coop) in enumerate(self.calls):
+        for name, fn, gx, gy, gz, bx, by, bz, smem, kp, coop in self.calls:
             if only is not None and name != only:
                 continue
             if coop:
@@ -126,19 +105,10 @@ class Launcher:
             else:
                 err = self._launch(fn, gx, gy, gz, bx, by, bz, smem, stream, kp, 0)[0]
             if err != ok:
-                self._refused(i + 1, err)
-
-    def _refused(self, index: int, err) -> None:
-        """Raise the LaunchError for call index - 1 (1-based, as kd_launch reports it)."""
-        name, _, gx, gy, gz, bx, by, bz, smem, _, coop = self.calls[index - 1]
-        try:
-            err = self._driver.CUresult(int(err))
-        except ValueError:
-            pass
-        what = "cuLaunchCooperativeKernel" if coop else "cuLaunchKernel"
-        raise LaunchError(f"{what}({name}, grid ({gx}, {gy}, {gz}), block ({bx}, {by}, {bz}), "
-                          f"{smem} B shared): {getattr(err, 'name', err)}; launch on the plan's device (with "
-                          "torch.cuda.device(...):) and after the module loaded there")
+                what = "cuLaunchCooperativeKernel" if coop else "cuLaunchKernel"
+                raise LaunchError(f"{what}({name}, grid ({gx}, {gy}, {gz}), block ({bx}, {by}, {bz}), "
+                                  f"{smem} B shared): {err.name}; launch on the plan's device (with "
+                                  "torch.cuda.device(...):) and after the module loaded there")
 
 
 def kernel_params(address: int):

@@ -1,13 +1,13 @@
-"""What kdkit's run() costs the CPU, part by part, through either launch path (the native one of
-kdkit/kernel/host/kd_launch.c, and cuda-bindings):
+"""What kdkit's run() costs the CPU, part by part:
 
-    python -m kdkit.perf.host_cost [--shapes 1x21q9h8,1x21q9h16,1x8192q9h8,4x8192q257h16] [--out x.json]
+    python -m kdkit.perf.host_cost [--shapes 1x21q9h8,1x8192q9h8,4x8192q257h16] [--out x.json]
 
-Per shape (kdkit.perf.timing's host_us: the mean per call over 20 calls queued behind a GPU sleep,
-the median of 5 such means) and per path: bind (the tensors' check and the argument's bytes), the
-launcher alone (the plan's one or two kernels queued), run() whole, the bare cuda-bindings driver
-calls with the same arguments (the floor of that path), and the eager call with its host work in
-view (Timer.eager_us: flush, events around the call, no GPU sleep). One line per shape and path.
+Per shape, at the plan's own choices (one launch where it fuses the merge or does not split, two
+where the merge is a kernel of its own), in kdkit.perf.timing's host_us (the mean per call over 20
+calls queued behind a GPU sleep, the median of 5 such means): bind (the tensors' check and the
+argument's bytes), the launcher alone, run() whole, and the bare cuda-bindings driver calls with the
+same arguments (the floor: what the driver itself takes); then the eager call with its host work in
+view (Timer.eager_us: flush, events around the call, no GPU sleep) and the GPU time (Timer.us).
 """
 from __future__ import annotations
 
@@ -29,11 +29,11 @@ def _shape(text: str) -> bench.Shape:
     return bench.Shape(*(int(g) for g in m.groups()))
 
 
-DEFAULT = "1x21q9h8,1x21q9h16,1x8192q9h8,1x131072q9h16,4x8192q257h16"
+DEFAULT = "1x21q9h8,1x21q9h16,1x1024q9h8,1x8192q9h8,32x4096q9h8,1x131072q9h16,1x32768q64h8,4x8192q257h16"
 
 
-def measure(shape: bench.Shape, timer: Timer) -> list[dict]:
-    """The rows of one shape: one per launch path the host has."""
+def measure(shape: bench.Shape, timer: Timer) -> dict:
+    """The row of one shape."""
     from cuda.bindings import driver
     case = bench.make_case(shape)
     x = cuda.to_device(case)
@@ -50,21 +50,13 @@ def measure(shape: bench.Shape, timer: Timer) -> list[dict]:
             else:
                 driver.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, smem, stream, kp, 0)
 
-    native_fn = p.launcher._native
-    rows = []
-    for path in ("native", "cuda-bindings"):
-        if path == "native" and native_fn is None:
-            continue
-        p.launcher._native = native_fn if path == "native" else None
-        rows.append({"shape": shape.label, "path": path, "kernels": len(calls), "nsplit": p.nsplit, "fused": p.fused,
-                     "bind_us": timer.host_us(lambda: kernel.bind(p, q, k, v, kvb)),
-                     "launcher_us": timer.host_us(lambda: p.launcher(stream)),
-                     "run_us": timer.host_us(lambda: kernel.run(p, q, k, v, kvb)),
-                     "bare_bindings_us": timer.host_us(bare),
-                     "eager_us": timer.eager_us(lambda: kernel.run(p, q, k, v, kvb)),
-                     "gpu_us": timer.us(lambda: kernel.run(p, q, k, v, kvb))})
-    p.launcher._native = native_fn
-    return rows
+    return {"shape": shape.label, "kernels": len(calls), "nsplit": p.nsplit, "fused": p.fused,
+            "bind_us": timer.host_us(lambda: kernel.bind(p, q, k, v, kvb)),
+            "launcher_us": timer.host_us(lambda: p.launcher(stream)),
+            "run_us": timer.host_us(lambda: kernel.run(p, q, k, v, kvb)),
+            "bare_driver_us": timer.host_us(bare),
+            "eager_us": timer.eager_us(lambda: kernel.run(p, q, k, v, kvb)),
+            "gpu_us": timer.us(lambda: kernel.run(p, q, k, v, kvb))}
 
 
 def main(argv=None) -> int:
@@ -73,17 +65,15 @@ def main(argv=None) -> int:
                     default=[_shape(t) for t in DEFAULT.split(",")])
     ap.add_argument("--out", help="also write the rows as JSON here")
     args = ap.parse_args(argv)
-    from ..kernel import native
-    print(f"native launch: {native.unavailable() or 'available'}")
     timer = Timer("cuda")
     rows = []
-    keys = ("bind_us", "launcher_us", "run_us", "bare_bindings_us", "eager_us", "gpu_us")
-    print("shape | path | kernels | " + " | ".join(keys))
+    keys = ("bind_us", "launcher_us", "run_us", "bare_driver_us", "eager_us", "gpu_us")
+    print("shape | kernels | " + " | ".join(keys))
     for s in args.shapes:
-        for r in measure(s, timer):
-            rows.append(r)
-            print(f"{r['shape']} | {r['path']} | {r['kernels']}{' fused' * r['fused']} | " +
-                  " | ".join(f"{r[k]:.2f}" for k in keys), flush=True)
+        r = measure(s, timer)
+        rows.append(r)
+        print(f"{r['shape']} | {r['kernels']}{' (fused merge)' * r['fused']} | " +
+              " | ".join(f"{r[k]:.2f}" for k in keys), flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=1)
