@@ -52,21 +52,23 @@ def test_opcode_counts_per_kernel_without_predicates_or_modifiers():
 @needs_nvrtc
 @needs_nvdisasm
 def test_compile_writes_the_sass_of_each_build(capsys, tmp_path):
-    """The 40-row builds for sm_120 (plain and step skip): one .sass file each, named by the build's
+    """The 40-row builds for sm_120 (plain and step skip, each with the merge kernel and with the fused
+    merge): one .sass file each, named by the build's
     key, and the partial kernel's MMAs counted from it: QK's 9 k-steps x 5 n-tiles and PV's 2
     k-steps x 4 m-tiles x 5 n-tiles, each once (the step is unrolled whole, no MMA in a loop of
     its own)."""
     rc, out, err = run(capsys, "compile", "--arch", "sm_120", "--rows", "40", "--sass", tmp_path / "sass")
     assert rc == 0, err
     files = sorted((tmp_path / "sass").glob("*.sass"))
+    base = "mla_tc-nt5-qoi32-kvpi32-kvii32-mipi64-pfxi64"
     assert {f.name.split("-sm_120-")[0] for f in files} == {
-        "mla_tc-nt5-qoi32-kvpi32-kvii32-mipi64-pfxi64", "mla_tc-nt5-qoi32-kvpi32-kvii32-mipi64-pfxi64-skip1"}
+        base, f"{base}-skip1", f"{base}-fused1", f"{base}-skip1-fused1"}
     for f in files:
         counts = sass.opcode_counts(f.read_text())
         assert counts["kd_mla_tc_partial"]["HMMA"] == 9 * 5 + 2 * 4 * 5
         assert counts["kd_mla_tc_merge"]["HMMA"] == 0
         assert f"SASS in {f}" in out
-    assert out.count("SASS kd_mla_tc_partial: ") == 2
+    assert out.count("SASS kd_mla_tc_partial: ") == 4
     # again: the same keys, the same files, left as they are
     before = {f: f.stat().st_mtime_ns for f in files}
     rc, _, err = run(capsys, "compile", "--arch", "sm_120", "--rows", "40", "--sass", tmp_path / "sass")
