@@ -87,6 +87,22 @@ def test_the_planner_takes_a_batch_without_query_tokens_and_16_warp_gathers():
     assert nt >= 2 and skip == "gather"
 
 
+def test_the_fused_merge_is_taken_where_it_fits_and_the_splits_are_few():
+    """schedule.fuse_merge: one split has nothing to merge; a grid larger than the GPU holds at once
+    cannot launch cooperatively; by default up to FUSED_MAX_SPLITS splits (more: the measured loss),
+    asked for (True) at any count that fits, never when asked not to (False)."""
+    from kdkit.kernel import schedule
+    cap, few, many = schedule.FUSED_MAX_SPLITS, 8, schedule.FUSED_MAX_SPLITS + 1
+    assert few <= cap
+    assert not schedule.fuse_merge(1, 2, 132, None) and not schedule.fuse_merge(1, 2, 132, True)
+    assert schedule.fuse_merge(few, 2 * few, 132, None) and schedule.fuse_merge(cap, 2 * cap, 132, None)
+    assert not schedule.fuse_merge(many, 2 * many, 132, None) and schedule.fuse_merge(many, 2 * many, 132, True)
+    assert not schedule.fuse_merge(few, 133, 132, None) and not schedule.fuse_merge(few, 133, 132, True)
+    assert not schedule.fuse_merge(few, 2 * few, 132, False)
+    # the grid's long-KV single requests at q_len 9 split 33-65 ways: the merge kernel stays theirs
+    assert not schedule.fuse_merge(65, 130, 132, None) and not schedule.fuse_merge(33, 66, 132, None)
+
+
 # ---- found by a review (2026-12-02) --------------------------------------------------------------
 def test_a_max_kv_len_below_the_batch_is_refused_and_one_above_is_used():
     """plan(max_kv_len=...) chooses the split count for the longest KV the plan will run (a graph

@@ -177,10 +177,11 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
                          f"{schedule.WORKSPACE_LIMIT >> 20} MiB, {schedule.workspace_splits(total_rows)} splits at "
                          "these rows); use fewer splits (nsplit=None chooses)")
     grid = (blocks, ns, sizes["bs"])
-    if ns > 1 and T > 0 and o.fused is not False:  # the fused merge, where the grid fits the GPU at once
+    if ns > 1 and T > 0 and o.fused is not False:  # the fused merge: schedule.fuse_merge decides
         fcfg = replace(cfg, fused=True)
         mod, meta, raw, partial, merge = _load(fcfg)
-        if _fits(o.fused, grid, partial, meta, sm_count):
+        if schedule.fuse_merge(ns, grid[0] * grid[1] * grid[2], _resident(o.fused, grid, partial, meta, sm_count),
+                               o.fused):
             cfg = fcfg
     if not cfg.fused:
         mod, meta, raw, partial, merge = _load(cfg)
@@ -226,18 +227,17 @@ def _load(cfg: spec.KernelConfig):
     return mod, meta, raw, partial, merge
 
 
-def _fits(choice, grid, partial, meta, sm_count) -> bool:
-    """Whether the fused build's grid can be resident at once, as its cooperative launch needs
-    (the blocks of a row block wait for each other): the grid's blocks at most the GPU's SMs times
-    the blocks one SM holds at the build's threads, registers and shared memory. choice True
-    (asked for) where it cannot: refused, naming the field."""
+def _resident(choice, grid, partial, meta, sm_count) -> int:
+    """How many blocks of the fused build this GPU holds at once (its SMs times the blocks one SM
+    holds at the build's threads, registers and shared memory), as its cooperative launch needs
+    every block of the grid resident (the blocks of a row block wait for each other). choice True
+    (asked for) where the grid does not fit: refused, naming the field."""
     need = grid[0] * grid[1] * grid[2]
     per_sm = launch.resident_blocks(launch.function_handle(partial), meta["threads"], meta["smem_bytes"])
-    fits = need <= per_sm * sm_count
-    require(fits or choice is None, "fused",
+    require(need <= per_sm * sm_count or choice is not True, "fused",
             f"True, but the grid's {need} blocks exceed the {per_sm * sm_count} this GPU holds at once "
             f"({per_sm} per SM x {sm_count} SMs); use fewer splits, or fused=None (the plan's choice)")
-    return fits
+    return per_sm * sm_count
 
 
 def tensor_signature(q, k, v, kv_buffer, out, lse) -> tuple:

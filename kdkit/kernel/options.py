@@ -5,7 +5,8 @@ these say HOW, and are the same for every batch of a run, so a caller builds the
 
 - tuning: `nsplit, nt, nh, skip` (None: the planner's choice, kdkit/kernel/schedule.py) and
   `fused` (the split blocks merge in place in one cooperative launch, no merge kernel; None: where
-  the plan splits and its grid fits the GPU's resident blocks);
+  the plan splits, its grid fits the GPU's resident blocks and the splits are few enough,
+  schedule.fuse_merge);
 - negative controls: `mutant` (a wrong build the judge must catch, kdkit/mutants.py) and `knockout`
   (a timing-only build with one part off, kdkit/kernel/knockouts.py): both wrong by design;
 - graph hints: `check` (False: read nothing from the device, for planning inside CUDA-graph

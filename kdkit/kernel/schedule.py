@@ -88,6 +88,25 @@ def modelled_us(bs: int, blocks: int, max_kv_len: int, nt: int, nsplit: int, sm_
     return waves * block + (MERGE_US if nsplit > 1 else 0.0)
 
 
+# The fused merge (one cooperative launch, no merge kernel: run() is one driver call) is the plan's
+# default up to this many splits. Measured on the H200 against the merge kernel, graph replay
+# (benchmarks/LOG.md, 2026-12-03, fourth session): within 1-2% or faster at 2-11 splits (8 x 8K,
+# 32 x 4K, 1 x 1K, q_len 64), but 7-20% slower at 33-65 (1 x 8K-128K, q_len 9): there a block's
+# share of the KV is short, and waiting for its slowest sibling and then one row's chain over every
+# split outweigh the second launch.
+FUSED_MAX_SPLITS = 16
+
+
+def fuse_merge(nsplit: int, blocks: int, resident: int, choice: bool | None) -> bool:
+    """Whether a launch of `blocks` blocks over `nsplit` splits fuses its merge: never for one
+    split or where `choice` is False; only where the grid fits the GPU at once (`resident`: the SMs
+    times the blocks one SM holds), as the cooperative launch needs; and by default (choice None)
+    only up to FUSED_MAX_SPLITS splits. (plan() refuses choice True where the grid does not fit.)"""
+    if nsplit <= 1 or choice is False or blocks > resident:
+        return False
+    return choice is True or nsplit <= FUSED_MAX_SPLITS
+
+
 def workspace_bytes(nsplit: int, total_rows: int) -> int:
     """The fp32 split partials a launch of `nsplit` splits over `total_rows` (token, head) rows
     writes (none for one split: it writes the output itself)."""
