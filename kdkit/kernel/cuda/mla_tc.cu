@@ -176,7 +176,8 @@ __device__ __forceinline__ kd_u32 tile_off(int r, int c) {
 // are read from L2 (ld.global.cg): other blocks of the launch wrote them.
 __device__ __forceinline__ void kd_merge_share(const KdParams& p, int grow, int lane, int W, int sub, float* s_w) {
   const int ns = p.nsplit, rows = p.total_rows;
-  // the LSEs into s_w (no register array beside the kernel's: see above), their max, then the weights in place
+  // the LSEs into s_w, their max, then the weights in place (shared memory, not a register array:
+  // this code sits beside the 40-row build's 255-register loop)
   float m = -KD_INF;
   for (int s = lane; s < ns; s += 32) {
     const float ls = __ldcg(p.lse_part + static_cast<kd_i64>(s) * rows + grow);
@@ -997,8 +998,8 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
       p.lse_part[static_cast<kd_i64>(split) * p.total_rows + grow] = lse;
     }
   }
-  // ---- the fused merge (KD_FUSED builds, nsplit > 1, a cooperative launch: every block of the grid is
-  // resident): no second kernel, so run() is one launch. The split blocks of this (request, row
+  // ---- the fused merge (KD_FUSED builds, nsplit > 1, a cooperative launch: every block of the
+  // grid is resident): no second kernel, so run() is one launch. The split blocks of this (request, row
   // block) count in on its counter once their partial rows are written, wait for each other, and
   // merge rows split, split + nsplit, ... of the row block. The counter only grows (64 bits: a
   // block waits for the next multiple of nsplit past its own count), so no replay of a CUDA graph
