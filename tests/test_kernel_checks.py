@@ -99,8 +99,10 @@ def test_the_fused_merge_is_taken_where_it_fits_and_the_splits_are_few():
     assert not schedule.fuse_merge(many, 2 * many, 132, None) and schedule.fuse_merge(many, 2 * many, 132, True)
     assert not schedule.fuse_merge(few, 133, 132, None) and not schedule.fuse_merge(few, 133, 132, True)
     assert not schedule.fuse_merge(few, 2 * few, 132, False)
-    # the grid's long-KV single requests at q_len 9 split 33-65 ways: the merge kernel stays theirs
+    # the grid's long-KV single requests at q_len 9 split 33-65 ways: the merge kernel stays theirs,
+    # and their plans never load the fused build to ask (wants_fused, before the build)
     assert not schedule.fuse_merge(65, 130, 132, None) and not schedule.fuse_merge(33, 66, 132, None)
+    assert not schedule.wants_fused(65, None) and schedule.wants_fused(65, True) and schedule.wants_fused(few, None)
 
 
 # ---- found by a review (2026-12-02) --------------------------------------------------------------

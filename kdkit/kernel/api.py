@@ -177,7 +177,7 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
                          f"{schedule.WORKSPACE_LIMIT >> 20} MiB, {schedule.workspace_splits(total_rows)} splits at "
                          "these rows); use fewer splits (nsplit=None chooses)")
     grid = (blocks, ns, sizes["bs"])
-    if ns > 1 and T > 0 and o.fused is not False:  # the fused merge: schedule.fuse_merge decides
+    if T > 0 and schedule.wants_fused(ns, o.fused):  # the fused merge where its grid fits (schedule.fuse_merge)
         fcfg = replace(cfg, fused=True)
         mod, meta, raw, partial, merge = _load(fcfg)
         if schedule.fuse_merge(ns, grid[0] * grid[1] * grid[2], _resident(o.fused, grid, partial, meta, sm_count),

@@ -97,14 +97,18 @@ def modelled_us(bs: int, blocks: int, max_kv_len: int, nt: int, nsplit: int, sm_
 FUSED_MAX_SPLITS = 16
 
 
+def wants_fused(nsplit: int, choice: bool | None) -> bool:
+    """Whether a plan of `nsplit` splits tries the fused merge at all (before its build is loaded to
+    ask how many of its blocks the GPU holds): never for one split or where `choice` is False; by
+    default (None) up to FUSED_MAX_SPLITS splits; asked for (True) at any count."""
+    return nsplit > 1 and choice is not False and (choice is True or nsplit <= FUSED_MAX_SPLITS)
+
+
 def fuse_merge(nsplit: int, blocks: int, resident: int, choice: bool | None) -> bool:
-    """Whether a launch of `blocks` blocks over `nsplit` splits fuses its merge: never for one
-    split or where `choice` is False; only where the grid fits the GPU at once (`resident`: the SMs
-    times the blocks one SM holds), as the cooperative launch needs; and by default (choice None)
-    only up to FUSED_MAX_SPLITS splits. (plan() refuses choice True where the grid does not fit.)"""
-    if nsplit <= 1 or choice is False or blocks > resident:
-        return False
-    return choice is True or nsplit <= FUSED_MAX_SPLITS
+    """Whether a launch of `blocks` blocks over `nsplit` splits fuses its merge: where it wants to
+    (wants_fused) and the grid fits the GPU at once (`resident`: the SMs times the blocks one SM
+    holds), as the cooperative launch needs. (plan() refuses choice True where it does not fit.)"""
+    return wants_fused(nsplit, choice) and blocks <= resident
 
 
 def workspace_bytes(nsplit: int, total_rows: int) -> int:
