@@ -509,7 +509,8 @@ class CudaKernel:
                     b.set(i, kind, scalars[arg])
             b.slots, b.sel = np.array(slots, dtype=np.intp), sel
             bound.append(b)
-        launcher = Launcher([(b.entry, int(b.fn), b.grid, b.block, b.smem, b.addr) for b in bound], keep=tuple(bound))
+        launcher = Launcher([(b.entry, int(b.fn), b.grid, b.block, b.smem, b.addr, False) for b in bound],
+                            keep=tuple(bound))
         return Plan(self.NAME, mod.key, prob, dev, T, H, int(pool_rows_needed), out, lse, bound,
                     tuple(layer_keys), ws, launcher, [m])
 

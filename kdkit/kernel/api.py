@@ -180,8 +180,11 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
     if T > 0 and schedule.wants_fused(ns, o.fused):  # the fused merge where its grid fits (schedule.fuse_merge)
         fcfg = replace(cfg, fused=True)
         mod, meta, raw, partial, merge = _load(fcfg)
-        if schedule.fuse_merge(ns, grid[0] * grid[1] * grid[2], _resident(o.fused, grid, partial, meta, sm_count),
-                               o.fused):
+        need, resident = grid[0] * grid[1] * grid[2], _resident(partial, meta, sm_count)
+        require(need <= resident or o.fused is not True, "fused",
+                f"True, but the grid's {need} blocks exceed the {resident} this GPU holds at once; use "
+                "fewer splits, or fused=None (the plan's choice)")
+        if schedule.fuse_merge(ns, need, resident, o.fused):
             cfg = fcfg
     if not cfg.fused:
         mod, meta, raw, partial, merge = _load(cfg)
@@ -206,7 +209,7 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
               ctypes.addressof(kp), fused)]
     if ns > 1 and not fused:
         calls.append((spec.MERGE, launch.function_handle(merge), (total_rows, 1, 1),
-                      (spec.MERGE_THREADS, groups, 1), 0, ctypes.addressof(kp)))
+                      (spec.MERGE_THREADS, groups, 1), 0, ctypes.addressof(kp), False))
     return Plan(m, o, cfg, dev, T, H, ns, rpc, grid, meta["smem_bytes"], meta["threads"],
                 sizes["pool_rows_needed"], mod.key, out, lse, args,
                 launch.Launcher(calls if T else [], keep=(kp, args)), groups, fused,
@@ -227,17 +230,11 @@ def _load(cfg: spec.KernelConfig):
     return mod, meta, raw, partial, merge
 
 
-def _resident(choice, grid, partial, meta, sm_count) -> int:
-    """How many blocks of the fused build this GPU holds at once (its SMs times the blocks one SM
-    holds at the build's threads, registers and shared memory), as its cooperative launch needs
-    every block of the grid resident (the blocks of a row block wait for each other). choice True
-    (asked for) where the grid does not fit: refused, naming the field."""
-    need = grid[0] * grid[1] * grid[2]
-    per_sm = launch.resident_blocks(launch.function_handle(partial), meta["threads"], meta["smem_bytes"])
-    require(need <= per_sm * sm_count or choice is not True, "fused",
-            f"True, but the grid's {need} blocks exceed the {per_sm * sm_count} this GPU holds at once "
-            f"({per_sm} per SM x {sm_count} SMs); use fewer splits, or fused=None (the plan's choice)")
-    return per_sm * sm_count
+def _resident(partial, meta, sm_count) -> int:
+    """How many blocks of a build this GPU holds at once: its SMs times the blocks one SM holds at
+    the build's threads, registers and shared memory (a cooperative launch needs every block of its
+    grid resident: the fused merge's blocks of a row block wait for each other)."""
+    return launch.resident_blocks(launch.function_handle(partial), meta["threads"], meta["smem_bytes"]) * sm_count
 
 
 def tensor_signature(q, k, v, kv_buffer, out, lse) -> tuple:

@@ -78,7 +78,7 @@ class Launcher:
     driver call per kernel.
 
     calls: (entry point, function handle, grid (x, y, z), block (x, y, z), dynamic shared bytes,
-    kernelParams address[, cooperative]) per kernel, in launch order (cooperative: every block
+    kernelParams address, cooperative) per kernel, in launch order (cooperative: every block
     resident at once, cuLaunchCooperativeKernel; the fused merge's blocks wait for each other).
     keep: what the kernelParams addresses point into (held as long as the launcher)."""
 
@@ -89,7 +89,6 @@ class Launcher:
         self._launch = driver.cuLaunchKernel
         self._launch_coop = driver.cuLaunchCooperativeKernel
         self._ok = driver.CUresult.CUDA_SUCCESS
-        calls = [(*c, False) if len(c) == 6 else tuple(c) for c in calls]
         self.calls = tuple((name, driver.CUfunction(fn), *grid, *block, int(smem), int(kp), bool(coop))
                            for name, fn, grid, block, smem, kp, coop in calls)
 
