@@ -1,8 +1,11 @@
-"""The fused merge (kdkit/kernel/cuda/mla_tc.cu, p.fused): where a plan splits the KV and its grid
-fits the GPU's resident blocks, the split blocks merge in place in one cooperative launch instead of
-a second kernel, so run() is one driver call. Held here: it is chosen where it fits and refused by
-name where it cannot be; it is right against the float64 oracle and agrees with the merge kernel; the merge mutant fails through it as through the merge kernel; and its
-counters, never reset, stay right across many runs and CUDA-graph replays."""
+"""The fused merge (kdkit/kernel/cuda/mla_tc.cu, p.fused): where a plan splits the KV a little, the
+split blocks merge in place instead of in a second kernel, so run() is one driver call. Two ways:
+"wait" (every split block waits for its siblings and merges its share; a cooperative launch, the
+grid resident) and "last" (the last split block of a row block to finish merges it; any grid). Held
+here, for both: chosen as the grid allows, "wait" refused by name where the grid cannot be resident;
+right against the float64 oracle and agreeing with the merge kernel; the merge mutant fails through
+it as through the merge kernel; its counters, never reset, stay right across many runs and
+CUDA-graph replays."""
 from __future__ import annotations
 
 import pytest
@@ -27,13 +30,13 @@ def _named(name, **kw):
     return shapes.make_case(shapes.find("gpu-tests", name), **kw)
 
 
-def _fused_and_apart_agree(case, nsplit):
+def _fused_and_apart_agree(case, nsplit, way):
     """Both merges right against the oracle, and near each other: the same partials summed in
     another order (warps over splits here, the plan's thread groups there): fp32 sums of <= 256
     terms, then bf16, so a bf16 rounding or two apart at most (2^-7 of the row's largest value)."""
-    fused = cuda.run(case, nsplit=nsplit, fused=True)
+    fused = cuda.run(case, nsplit=nsplit, fused=way)
     apart = cuda.run(case, nsplit=nsplit, fused=False)
-    assert fused.info["fused"] and not apart.info["fused"] and "merge fused" in fused.info["ran"]
+    assert fused.info["fused"] == way and not apart.info["fused"] and "merge fused" in fused.info["ran"]
     for res in (fused, apart):
         v = _judge(case, res)
         assert v.passed, v.reasons
@@ -42,37 +45,41 @@ def _fused_and_apart_agree(case, nsplit):
     assert torch.allclose(fused.lse, apart.lse, rtol=1e-5, atol=1e-5)  # fp32 LSEs of the same weights
 
 
+@pytest.mark.parametrize("way", ["wait", "last"])
 @pytest.mark.parametrize("nsplit", [2, 3, 6])  # (at 6: 126 blocks, one an SM of the H200)
-def test_fused_and_merge_kernel_agree(nsplit):
+def test_fused_and_merge_kernel_agree(nsplit, way):
     case = _named("split-counts")
-    _fused_and_apart_agree(case, nsplit)
+    _fused_and_apart_agree(case, nsplit, way)
 
 
+@pytest.mark.parametrize("way", ["wait", "last"])
 @pytest.mark.parametrize("nsplit", [8, 16, 33])
-def test_warps_sharing_a_row_agree(nsplit):
+def test_warps_sharing_a_row_agree(nsplit, way):
     """One request of q_len 9 at an 8K prefix: each block merges 1-5 of its rows, so 2 or 4 warps
     share a row (each its part of the 512 dims) instead of a warp a row."""
     from pathlib import Path
 
     from kdkit.case import load
     case = load(Path(__file__).resolve().parents[1] / "data" / "captured_tensors" / "long-prefix-8k.pt")
-    _fused_and_apart_agree(case, nsplit)
+    _fused_and_apart_agree(case, nsplit, way)
 
 
 def test_the_plan_fuses_where_the_grid_fits_and_launches_once():
     case = _named("split-counts")
     x = cuda.to_device(case)
     p = cuda.plan_case(case, x, kernel.PlanOptions(nsplit=4))
-    assert p.fused and len(p.launcher.calls) == 1 and p.launcher.calls[0][-1]  # one cooperative launch
+    assert p.fused == "wait" and len(p.launcher.calls) == 1 and p.launcher.calls[0][-1]  # one cooperative launch
     p1 = cuda.plan_case(case, x, kernel.PlanOptions(nsplit=1))
     assert not p1.fused and len(p1.launcher.calls) == 1  # one split: nothing to merge
     p2 = cuda.plan_case(case, x, kernel.PlanOptions(nsplit=4, fused=False))
     assert not p2.fused and len(p2.launcher.calls) == 2
 
 
-def test_fused_true_is_refused_where_the_grid_cannot_be_resident():
+def test_a_grid_that_cannot_be_resident_merges_in_its_last_block():
     """256 splits x the row blocks x 3 requests: thousands of blocks, more than any GPU holds at
-    once; asked for, the fused merge is refused by name; by default the plan takes the merge kernel."""
+    once. By default (past FUSED_MAX_SPLITS) the plan takes the merge kernel; fused=True merges in
+    the last split block of each row block, one plain launch, right against the oracle; "wait"
+    (every block resident) is refused by name."""
     from kdkit.kernel import launch
     case = _named("split-counts")
     x = cuda.to_device(case)
@@ -81,11 +88,17 @@ def test_fused_true_is_refused_where_the_grid_cannot_be_resident():
     capacity = launch.resident_blocks(int(fn), auto.threads, auto.smem) * torch.cuda.get_device_properties(0).multi_processor_count
     assert auto.grid[0] * auto.grid[1] * auto.grid[2] > capacity, (auto.grid, capacity)
     assert not auto.fused and len(auto.launcher.calls) == 2
+    last = cuda.plan_case(case, x, kernel.PlanOptions(nsplit=256, fused=True))
+    assert last.fused == "last" and len(last.launcher.calls) == 1 and not last.launcher.calls[0][-1]
+    kernel.run(last, x["q"], x["k"], x["v"], x["kv_buffer"])
+    torch.cuda.synchronize()
+    v = _judge(case, backends.Result(last.out.clone(), last.lse.clone()))
+    assert v.passed, v.reasons
     with pytest.raises(InputError, match=r"field 'fused'.*exceed"):
-        cuda.plan_case(case, x, kernel.PlanOptions(nsplit=256, fused=True))
+        cuda.plan_case(case, x, kernel.PlanOptions(nsplit=256, fused="wait"))
 
 
-@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("fused", ["wait", "last", False])
 def test_the_merge_mutant_fails_either_way(fused):
     case = _named("mutants")
     assert _judge(case, cuda.run(case, nsplit=3, fused=fused)).passed
@@ -93,13 +106,14 @@ def test_the_merge_mutant_fails_either_way(fused):
     assert not v.passed, f"merge-no-rescale passed with fused={fused}"
 
 
-def test_counters_only_grow_and_replays_stay_right():
+@pytest.mark.parametrize("way", ["wait", "last"])
+def test_counters_only_grow_and_replays_stay_right(way):
     """Eager runs and graph replays on one plan: each run adds nsplit to every live row block's
     counter; nothing resets them, and every output stays right."""
     case = _named("split-counts")
     x = cuda.to_device(case)
-    p = cuda.plan_case(case, x, kernel.PlanOptions(nsplit=5))
-    assert p.fused
+    p = cuda.plan_case(case, x, kernel.PlanOptions(nsplit=5, fused=way))
+    assert p.fused == way
     counters = p._keep[2]  # (the plan's workspace: o_part, lse_part, counters, ...)
     assert counters.dtype == torch.int64
     run = lambda: kernel.run(p, x["q"], x["k"], x["v"], x["kv_buffer"])  # noqa: E731

@@ -87,22 +87,38 @@ def test_the_planner_takes_a_batch_without_query_tokens_and_16_warp_gathers():
     assert nt >= 2 and skip == "gather"
 
 
-def test_the_fused_merge_is_taken_where_it_fits_and_the_splits_are_few():
-    """schedule.fuse_merge: one split has nothing to merge; a grid larger than the GPU holds at once
-    cannot launch cooperatively; by default up to FUSED_MAX_SPLITS splits (more: the measured loss),
-    asked for (True) at any count that fits, never when asked not to (False)."""
+def test_the_fused_merge_is_taken_where_the_splits_are_few_and_the_grid_fits():
+    """schedule.merge_mode: one split has nothing to merge; by default up to FUSED_MAX_SPLITS splits
+    (more: the measured loss) where the grid fits the GPU at once (the split blocks wait for each
+    other: a cooperative launch), else the merge kernel; asked for (True) at any count, the last
+    block merging where the grid does not fit; a way asked for ("wait", "last") is taken as given;
+    never when asked not to (False)."""
     from kdkit.kernel import schedule
+    mode = schedule.merge_mode
     cap, few, many = schedule.FUSED_MAX_SPLITS, 8, schedule.FUSED_MAX_SPLITS + 1
     assert few <= cap
-    assert not schedule.fuse_merge(1, 2, 132, None) and not schedule.fuse_merge(1, 2, 132, True)
-    assert schedule.fuse_merge(few, 2 * few, 132, None) and schedule.fuse_merge(cap, 2 * cap, 132, None)
-    assert not schedule.fuse_merge(many, 2 * many, 132, None) and schedule.fuse_merge(many, 2 * many, 132, True)
-    assert not schedule.fuse_merge(few, 133, 132, None) and not schedule.fuse_merge(few, 133, 132, True)
-    assert not schedule.fuse_merge(few, 2 * few, 132, False)
+    assert not mode(1, 2, 132, None) and not mode(1, 2, 132, True) and not mode(1, 2, 132, "last")
+    assert mode(few, 2 * few, 132, None) == "wait" and mode(cap, 2 * cap, 132, None) == "wait"
+    assert not mode(many, 2 * many, 132, None) and mode(many, 2 * many, 132, True) == "wait"
+    # a grid larger than the GPU holds: the merge kernel by default (the last block's merge measured
+    # slower); asked for, the last block of each row block merges (no block waits)
+    assert not mode(few, 133, 132, None) and mode(many, 2000, 132, True) == "last"
+    assert mode(few, 2 * few, 132, "last") == "last" and mode(few, 2 * few, 132, "wait") == "wait"
+    assert not mode(few, 2 * few, 132, False)
     # the grid's long-KV single requests at q_len 9 split 33-65 ways: the merge kernel stays theirs,
     # and their plans never load the fused build to ask (wants_fused, before the build)
-    assert not schedule.fuse_merge(65, 130, 132, None) and not schedule.fuse_merge(33, 66, 132, None)
+    assert not mode(65, 130, 132, None) and not mode(33, 66, 132, None)
     assert not schedule.wants_fused(65, None) and schedule.wants_fused(65, True) and schedule.wants_fused(few, None)
+    assert schedule.wants_fused(65, "last") and not schedule.wants_fused(few, False)
+
+
+def test_fused_takes_only_its_choices():
+    from kdkit.kernel import PlanOptions
+    for ok in (None, True, False, "wait", "last"):
+        assert PlanOptions(fused=ok).fused == ok
+    for bad in (0, 1, "yes", "Wait"):
+        with pytest.raises(InputError, match=r"field 'fused'.*'wait', 'last'"):
+            PlanOptions(fused=bad)
 
 
 # ---- found by a review (2026-12-02) --------------------------------------------------------------

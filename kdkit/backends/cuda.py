@@ -57,18 +57,18 @@ def plan_case(case, x: dict, options: PlanOptions = PlanOptions()) -> kernel.Pla
 
 def prepare(case, *, nsplit: int | None = None, mutant: str | None = None, nt: int | None = None,
             nh: int | None = None, skip: bool | str | None = None, device: str = "cuda",
-            knockout: str | None = None, fused: bool | None = None) -> Prepared:
+            knockout: str | None = None, fused: bool | str | None = None) -> Prepared:
     """The case on the device and its plan, made once; launch = kernel.run on them. knockout: a
     timing-only build with one part switched off (kdkit/kernel/knockouts.py), wrong by design; its
-    label says so, as a mutant's does. fused: the split blocks merge in place, one launch (None: the
-    plan's choice)."""
+    label says so, as a mutant's does. fused: the split blocks merge in place, one launch ("wait" or
+    "last", the way: PlanOptions; None: the plan's choice)."""
     opts = PlanOptions(nsplit=nsplit, mutant=mutant, nt=nt, nh=nh, skip=skip, knockout=knockout, fused=fused)
     x = to_device(case, device)
     p = plan_case(case, x, opts)
     q, k, v, pool = x["q"], x["k"], x["v"], x["kv_buffer"]
     info = {"device": torch.cuda.get_device_name(p.device), **p.info}
     wrong = opts.wrong_by_design
-    info["ran"] = (f"{info['device']}, nsplit {p.nsplit}{' (merge fused)' if p.fused else ''}, grid {p.grid}, {p.key}"
+    info["ran"] = (f"{info['device']}, nsplit {p.nsplit}{f' (merge fused, {p.fused})' if p.fused else ''}, grid {p.grid}, {p.key}"
                    + (f", {wrong}" if wrong else ""))
 
     def launch() -> None:
@@ -83,7 +83,7 @@ def prepare(case, *, nsplit: int | None = None, mutant: str | None = None, nt: i
 
 def run(case, *, nsplit: int | None = None, mutant: str | None = None, nt: int | None = None,
         nh: int | None = None, skip: bool | str | None = None, device: str = "cuda",
-        knockout: str | None = None, fused: bool | None = None) -> Result:
+        knockout: str | None = None, fused: bool | str | None = None) -> Result:
     prepared = prepare(case, nsplit=nsplit, mutant=mutant, nt=nt, nh=nh, skip=skip, device=device,
                        knockout=knockout, fused=fused)
     prepared.launch()

@@ -82,7 +82,8 @@ class Plan:
     args: params.ArgBuffer         # the kernels' KdParams, packed once; run() rebinds its first slots
     launcher: launch.Launcher      # the plan's launches (partial, then merge where it splits)
     merge_groups: int = 1          # the merge kernel's blockDim.y (schedule.merge_groups)
-    fused: bool = False            # the split blocks merge in place: one cooperative launch, no merge kernel
+    fused: bool | str = False      # the split blocks merge in place, no merge kernel: "wait" (a cooperative
+                                   # launch, each merges its share) or "last" (the last to finish merges)
     _keep: list = field(default_factory=list)  # workspace the argument points into
     _seen: tuple | None = None     # the tensors' metadata of the last run() that passed check_tensors
 
@@ -177,18 +178,19 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
                          f"{schedule.WORKSPACE_LIMIT >> 20} MiB, {schedule.workspace_splits(total_rows)} splits at "
                          "these rows); use fewer splits (nsplit=None chooses)")
     grid = (blocks, ns, sizes["bs"])
-    if T > 0 and schedule.wants_fused(ns, o.fused):  # the fused merge where its grid fits (schedule.fuse_merge)
+    fused = False  # or the fused merge's way to meet: "wait" (cooperative) or "last" (schedule.merge_mode)
+    if T > 0 and schedule.wants_fused(ns, o.fused):
         fcfg = replace(cfg, fused=True)
         mod, meta, raw, partial, merge = _load(fcfg)
         need, resident = grid[0] * grid[1] * grid[2], _resident(partial, meta, sm_count)
-        require(need <= resident or o.fused is not True, "fused",
-                f"True, but the grid's {need} blocks exceed the {resident} this GPU holds at once; use "
-                "fewer splits, or fused=None (the plan's choice)")
-        if schedule.fuse_merge(ns, need, resident, o.fused):
+        require(need <= resident or o.fused != "wait", "fused",
+                f"'wait', but the grid's {need} blocks exceed the {resident} this GPU holds at once; use "
+                "fewer splits, 'last' (the last split block merges), or None (the plan's choice)")
+        fused = schedule.merge_mode(ns, need, resident, o.fused)
+        if fused:
             cfg = fcfg
     if not cfg.fused:
         mod, meta, raw, partial, merge = _load(cfg)
-    fused = cfg.fused
     out = torch.empty(T, H, spec.DL, dtype=_BF16, device=dev)
     lse = torch.empty(T, H, dtype=torch.float32, device=dev)
     o_part = lse_part = counters = None
@@ -202,11 +204,11 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
         prefix_lens=_ptr(prefix_lens), mask=_ptr(custom_mask), mask_indptr=_ptr(mask_indptr),
         o_part=_ptr(o_part), lse_part=_ptr(lse_part), counters=_ptr(counters), num_heads=H, nsplit=ns,
         rows_per_cta=rpc, total_rows=total_rows, unified=int(layout == "unified"), causal=int(m.causal),
-        sm_scale=m.sm_scale, logit_cap=m.logit_cap))
+        sm_scale=m.sm_scale, logit_cap=m.logit_cap, fused_last=int(fused == "last")))
     groups = schedule.merge_groups(total_rows, ns, sm_count, threads_per_sm)
     kp = launch.kernel_params(args.address)  # both kernels take the one KdParams
     calls = [(spec.PARTIAL, launch.function_handle(partial), grid, (meta["threads"], 1, 1), meta["smem_bytes"],
-              ctypes.addressof(kp), fused)]
+              ctypes.addressof(kp), fused == "wait")]
     if ns > 1 and not fused:
         calls.append((spec.MERGE, launch.function_handle(merge), (total_rows, 1, 1),
                       (spec.MERGE_THREADS, groups, 1), 0, ctypes.addressof(kp), False))

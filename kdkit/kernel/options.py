@@ -4,9 +4,11 @@ The problem (the batch's index arrays, heads, scale, cap, layout, dtype) says WH
 these say HOW, and are the same for every batch of a run, so a caller builds them once:
 
 - tuning: `nsplit, nt, nh, skip` (None: the planner's choice, kdkit/kernel/schedule.py) and
-  `fused` (the split blocks merge in place in one cooperative launch, no merge kernel; None: where
-  the plan splits, its grid fits the GPU's resident blocks and the splits are few enough,
-  schedule.fuse_merge);
+  `fused` (the split blocks merge in place, one launch and no merge kernel: "wait", each split
+  block waits for its siblings and merges its share, a cooperative launch whose grid must fit the
+  GPU at once; "last", the last split block of a row block to finish merges it, any grid; True:
+  the plan picks the way; None: "wait" where the plan splits few enough and the grid fits, else
+  the merge kernel, schedule.merge_mode);
 - negative controls: `mutant` (a wrong build the judge must catch, kdkit/mutants.py) and `knockout`
   (a timing-only build with one part off, kdkit/kernel/knockouts.py): both wrong by design;
 - graph hints: `check` (False: read nothing from the device, for planning inside CUDA-graph
@@ -33,7 +35,7 @@ class PlanOptions:
     nt: int | None = None
     nh: int | None = None
     skip: bool | str | None = None
-    fused: bool | None = None
+    fused: bool | str | None = None
     # negative controls (wrong by design)
     mutant: str | None = None
     knockout: str | None = None
@@ -51,7 +53,9 @@ class PlanOptions:
                 f"{self.nh}: choose one of {spec.NH_CHOICES} (2: 16 warps per block)")
         require(self.skip is None or self.skip in spec.SKIP_CHOICES, "skip",
                 f"{self.skip!r}: choose one of {spec.SKIP_CHOICES} (None: the plan's)")
-        require(self.fused in (None, True, False), "fused", f"{self.fused!r}: True, False or None (the plan's)")
+        require(self.fused is None or isinstance(self.fused, bool) or
+                (isinstance(self.fused, str) and self.fused in schedule.FUSED_CHOICES), "fused",
+                f"{self.fused!r}: one of {', '.join(map(repr, schedule.FUSED_CHOICES))} (None: the plan's)")
         for name in ("num_tokens", "max_q_len", "max_kv_len"):
             value = getattr(self, name)
             require(value is None or (isinstance(value, numbers.Integral) and value >= 0), name,

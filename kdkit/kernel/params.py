@@ -47,6 +47,8 @@ FIELDS: tuple[tuple[str, str, str], ...] = (
     ("causal", "int", "without a mask: draft column j visible to row i iff j <= i"),
     ("sm_scale", "float", "softmax scale"),
     ("logit_cap", "float", "0: no cap; else cap * tanh(x / cap)"),
+    ("fused_last", "int", "the fused merge (KD_FUSED builds): 0, every split block waits and merges its share "
+     "(a cooperative launch); 1, the last split block of a row block merges it alone"),
 )
 # what run() rebinds for every layer, in this order at the struct's start (one 8-byte slot each, so
 # run() writes them with one assignment); the rest is fixed by plan()

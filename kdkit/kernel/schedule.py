@@ -88,27 +88,42 @@ def modelled_us(bs: int, blocks: int, max_kv_len: int, nt: int, nsplit: int, sm_
     return waves * block + (MERGE_US if nsplit > 1 else 0.0)
 
 
-# The fused merge (one cooperative launch, no merge kernel: run() is one driver call) is the plan's
-# default up to this many splits. Measured on the H200 against the merge kernel, graph replay
-# (benchmarks/LOG.md, 2026-12-03, fourth session): within 1-2% or faster at 2-11 splits (8 x 8K,
-# 32 x 4K, 1 x 1K, q_len 64), but 7-20% slower at 33-65 (1 x 8K-128K, q_len 9): there a block's
-# share of the KV is short, and waiting for its slowest sibling and then one row's chain over every
-# split outweigh the second launch.
+# The fused merge (no merge kernel: run() is one driver call) is the plan's default up to this many
+# splits. Measured on the H200 against the merge kernel, graph replay (benchmarks/LOG.md,
+# 2026-12-03, fourth session): within 1-2% or faster at 2-11 splits (8 x 8K, 32 x 4K, 1 x 1K,
+# q_len 64), but 7-20% slower at 33-65 (1 x 8K-128K, q_len 9): there a block's share of the KV is
+# short, and waiting for its slowest sibling and then one row's chain over every split outweigh the
+# second launch.
 FUSED_MAX_SPLITS = 16
+# PlanOptions.fused: None (the plan's), False (the merge kernel), True (fused, the plan's way),
+# "wait" / "last" (fused, that way: merge_mode)
+FUSED_CHOICES = (None, False, True, "wait", "last")
 
 
-def wants_fused(nsplit: int, choice: bool | None) -> bool:
+def wants_fused(nsplit: int, choice) -> bool:
     """Whether a plan of `nsplit` splits tries the fused merge at all (before its build is loaded to
     ask how many of its blocks the GPU holds): never for one split or where `choice` is False; by
-    default (None) up to FUSED_MAX_SPLITS splits; asked for (True) at any count."""
-    return nsplit > 1 and choice is not False and (choice is True or nsplit <= FUSED_MAX_SPLITS)
+    default (None) up to FUSED_MAX_SPLITS splits; asked for (True, "wait", "last") at any count."""
+    return nsplit > 1 and choice is not False and (choice is not None or nsplit <= FUSED_MAX_SPLITS)
 
 
-def fuse_merge(nsplit: int, blocks: int, resident: int, choice: bool | None) -> bool:
-    """Whether a launch of `blocks` blocks over `nsplit` splits fuses its merge: where it wants to
-    (wants_fused) and the grid fits the GPU at once (`resident`: the SMs times the blocks one SM
-    holds), as the cooperative launch needs. (plan() refuses choice True where it does not fit.)"""
-    return wants_fused(nsplit, choice) and blocks <= resident
+def merge_mode(nsplit: int, blocks: int, resident: int, choice):
+    """How a launch of `blocks` blocks over `nsplit` splits merges them: False (the merge kernel, a
+    second launch) or fused in one launch, "wait" (every split block waits for its siblings and
+    merges its share: a cooperative launch, so the grid must fit the GPU at once, `resident` being
+    the SMs times the blocks one SM holds) or "last" (the last split block of a row block to finish
+    merges it alone; no block waits, so any grid). By default (None) "wait" where it wants to fuse
+    and the grid fits, else the merge kernel: "last" measured 2-3% slower at q_len 257 and up to 26%
+    at 8 x 8K (benchmarks/LOG.md, 2026-12-04), one block's chain over every row of its row block, so
+    it is taken only when asked for (True where the grid does not fit, or "last"); "wait" asked for
+    is taken as given (plan() refuses it where the grid does not fit)."""
+    if not wants_fused(nsplit, choice):
+        return False
+    if choice in ("wait", "last"):
+        return choice
+    if blocks <= resident:
+        return "wait"
+    return "last" if choice is True else False
 
 
 def workspace_bytes(nsplit: int, total_rows: int) -> int:

@@ -19,6 +19,9 @@ SET = "gpu-selfcheck"
 MAKE = {"h128-uint8-mask-int64-idx": dict(mask_dtype=torch.uint8, index_dtype=torch.int64)}  # -> make_case
 # -> cuda.run; "q1025-h1" is where the plan takes the skip build itself, "ragged-prefix-0" forces it
 RUN = {"one-split": {"nsplit": 1}, "many-splits": {"nsplit": 256}, "ragged-prefix-0": {"skip": True}}
+# run a second time with these options: 256 splits merged by the last split block of each row block
+# (fused "last", a grid no GPU holds at once) beside the merge kernel of the first run
+AGAIN = {"many-splits": {"nsplit": 256, "fused": "last"}}
 
 
 def cases():
@@ -30,14 +33,15 @@ def cases():
 def main() -> int:
     from ..backends import cuda
     bad = 0
-    for name, case, opts in cases():
+    runs = ((name, case, o) for name, case, opts in cases() for o in (opts, AGAIN.get(name)) if o is not None)
+    for name, case, opts in runs:
         res = cuda.run(case, **opts)
         # the oracle once, with the rows' LSE conditions and sizes, as replay and the trials judge
         ref, ref_lse, cond, scale = oracle.run(case, with_cond=True, with_scale=True)
         m = compare.metrics(res.out, ref, res.lse, ref_lse, lse_cond=cond, out_scale=scale)
         v = compare.judge("cuda", m, ref)
         bad += not v.passed
-        merge = "fused" if res.info["fused"] else "kernel" if res.info["nsplit"] > 1 else "-"
+        merge = f"fused-{res.info['fused']}" if res.info["fused"] else "kernel" if res.info["nsplit"] > 1 else "-"
         print(f"{'ok  ' if v.passed else 'FAIL'} {name:32s} nsplit={res.info['nsplit']:<4d} merge={merge:<6s} {v.reasons[0]}")
     return 1 if bad else 0
 

@@ -8,6 +8,8 @@ calls queued behind a GPU sleep, the median of 5 such means): bind (the tensors'
 argument's bytes), the launcher alone, run() whole, and the bare cuda-bindings driver calls with the
 same arguments (the floor: what the driver itself takes); then the eager call with its host work in
 view (Timer.eager_us: flush, events around the call, no GPU sleep) and the GPU time (Timer.us).
+Last, the floor of any eager call from Python on this host: an empty kernel (one block of one warp)
+through the same driver call, its host time and its eager time.
 """
 from __future__ import annotations
 
@@ -59,6 +61,24 @@ def measure(shape: bench.Shape, timer: Timer) -> dict:
             "gpu_us": timer.us(lambda: kernel.run(p, q, k, v, kvb))}
 
 
+_EMPTY = 'extern "C" __global__ void kd_empty() {}'
+
+
+def empty_floor(timer: Timer) -> dict:
+    """The host time and the eager time of an empty kernel launched as run() launches (one
+    cuda-bindings cuLaunchKernel on torch's current stream): what no kernel's eager call from Python
+    on this host can go below; an eager call's time over this is its own host work and its kernel."""
+    import cupy
+    import torch
+    fn = launch.function_handle(cupy.RawKernel(_EMPTY, "kd_empty"))
+    one = launch.Launcher([("kd_empty", fn, (1, 1, 1), (32, 1, 1), 0, 0, False)])
+    stream = launch.current_raw_stream(torch.cuda.current_device())
+    return {"shape": "empty kernel", "kernels": 1,
+            "launcher_us": timer.host_us(lambda: one(stream)),
+            "eager_us": timer.eager_us(lambda: one(stream)),
+            "gpu_us": timer.us(lambda: one(stream))}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", type=lambda s: [_shape(t) for t in s.split(",")],
@@ -72,11 +92,15 @@ def main(argv=None) -> int:
     for s in args.shapes:
         r = measure(s, timer)
         rows.append(r)
-        print(f"{r['shape']} | {r['kernels']}{' (fused merge)' * r['fused']} | " +
+        way = f" (fused merge, {r['fused']})" if r["fused"] else ""
+        print(f"{r['shape']} | {r['kernels']}{way} | " +
               " | ".join(f"{r[k]:.2f}" for k in keys), flush=True)
+    floor = empty_floor(timer)  # (after the shapes: the GPU's clocks up, as they were for those)
+    print(f"floor: an empty kernel, one launch: host {floor['launcher_us']:.2f} us, eager {floor['eager_us']:.2f} us, "
+          f"GPU (flushed, events) {floor['gpu_us']:.2f} us", flush=True)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump({"floor": floor, "rows": rows}, f, indent=1)
     return 0
 
 

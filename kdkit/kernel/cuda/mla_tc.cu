@@ -998,12 +998,15 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
       p.lse_part[static_cast<kd_i64>(split) * p.total_rows + grow] = lse;
     }
   }
-  // ---- the fused merge (KD_FUSED builds, nsplit > 1, a cooperative launch: every block of the
-  // grid is resident): no second kernel, so run() is one launch. The split blocks of this (request, row
-  // block) count in on its counter once their partial rows are written, wait for each other, and
-  // merge rows split, split + nsplit, ... of the row block. The counter only grows (64 bits: a
-  // block waits for the next multiple of nsplit past its own count), so no replay of a CUDA graph
-  // needs it zeroed; row blocks past a shorter request return at entry and never count.
+  // ---- the fused merge (KD_FUSED builds, nsplit > 1): no second kernel, so run() is one launch.
+  // The split blocks of this (request, row block) count in on its counter once their partial rows
+  // are written. The counter only grows (64 bits: each launch adds nsplit or, for a row block past a
+  // shorter request, which returns at entry, nothing), so no replay of a CUDA graph needs it zeroed.
+  // Two ways to meet, the plan's choice (p.fused_last):
+  //  - wait (0; a cooperative launch, every block of the grid resident): each block waits for the
+  //    next multiple of nsplit past its own count and merges rows split, split + nsplit, ... ;
+  //  - last (1; any grid): the block whose count completes the multiple merges every row of the
+  //    row block, a warp a row; the others return. No block waits, so the grid need not be resident.
   // (a build option, not a run-time switch: the 40-row sm_90 build is at 255 registers, and this
   // code beside its loop moves the loop's allocation into a spill there)
   if (KD_FUSED && !direct) {  // block-uniform
@@ -1015,23 +1018,32 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     const int f_row0 = f_tile * p.rows_per_cta;
     __threadfence();  // this thread's partial rows reach the whole GPU ...
     __syncthreads();  // ... before thread 0 counts the block in
+    bool merges = false;
     if (tid == 0) {
       unsigned long long* cnt = p.counters + static_cast<kd_i64>(f_b) * gridDim.x + f_tile;
       const unsigned long long ns = static_cast<unsigned long long>(p.nsplit);
-      const unsigned long long target = (atomicAdd(cnt, 1ull) / ns + 1) * ns;
-      while (kd::ld_acquire_u64(cnt) < target) __nanosleep(32);
-      __threadfence();
+      const unsigned long long old = atomicAdd(cnt, 1ull);
+      if (p.fused_last) {
+        merges = (old + 1) % ns == 0;
+      } else {
+        const unsigned long long target = (old / ns + 1) * ns;
+        while (kd::ld_acquire_u64(cnt) < target) __nanosleep(32);
+        merges = true;
+      }
+      __threadfence();  // (acquire: the other splits' rows, counted in before, are read after this)
     }
-    __syncthreads();  // every split's rows are in L2; the ring is free for the merge's weights
-    // this block's rows: q = split + nsplit i, i < R; W warps a row (W | 4), KD_WARPS / W rows a pass
-    const int R = f_split < erows ? (erows - f_split + p.nsplit - 1) / p.nsplit : 0;  // block-uniform
+    // every split's rows are in L2 where this block merges; the ring is free for the merge's weights
+    if (!__syncthreads_or(merges)) return;
+    // this block's rows: q = first + step i, i < R; W warps a row (W | 4), KD_WARPS / W rows a pass
+    const int first = p.fused_last ? 0 : f_split, step = p.fused_last ? 1 : p.nsplit;
+    const int R = first < erows ? (erows - first + step - 1) / step : 0;  // block-uniform
     // (the skip builds, chosen for deep trees at a short prefix, split little: their blocks merge many
     // rows, a warp each; W 1 there also keeps their 40-row sm_90 build out of a spill)
     const int W = KD_SKIP ? 1 : R * 4 <= KD_WARPS ? 4 : R * 2 <= KD_WARPS ? 2 : 1;
     static_assert(KD_WARPS * KD_MAX_SPLITS * 4 <= KD_OFF_P, "the fused merge's weights fit the ring");
     float* s_w = reinterpret_cast<float*>(smem) + warp * KD_MAX_SPLITS;
     for (int i = warp / W; i < R; i += KD_WARPS / W) {  // warp-uniform
-      const int r = f_row0 + f_split + p.nsplit * i, grow = (qs + r / H) * H + r % H;
+      const int r = f_row0 + first + step * i, grow = (qs + r / H) * H + r % H;
       kd_merge_share(p, grow, lane, W, warp & (W - 1), s_w);
     }
   }
