@@ -468,6 +468,25 @@ def test_clock_sampler_reads_the_gpu():
     assert w.get("sm_mhz", 0) > 0, (s.samples[:3], w)
 
 
+@pytest.mark.gpu
+def test_a_real_run_of_the_seed_shape_records_its_rows_and_the_eager_floor(tmp_path, capsys):
+    """On a GPU host: the bench end to end on the seed's shape through kdkit's kernel; the header
+    records an empty kernel's eager call (the floor of every row's eager_us then) and says it."""
+    import json
+
+    from kdkit import backends
+    from kdkit.perf import bench
+    if backends.unavailable("cuda") is not None:
+        pytest.skip(backends.unavailable("cuda"))
+    assert bench.main(["--quick", "--shapes", "1x21 q9 H8", "--backends", "cuda", "--nsplit", "",
+                       "--no-clocks", "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("*.json")
+    res = json.loads(path.read_text())
+    assert res["eager_floor_us"] > 0 and "an empty kernel's eager_us" in capsys.readouterr().out
+    eager = [r for r in res["rows"] if r["backend"] == "cuda" and r.get("eager_us")]
+    assert eager and all(r["eager_us"] > 0 and r["host_us"] > 0 for r in eager)
+
+
 # ---- correctness before timing ----------------------------------------------------------------------
 class CountingTimer:
     """Stands in for the GPU timer on this CPU machine: calls what it is asked to time once and

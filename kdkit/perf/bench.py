@@ -21,7 +21,8 @@ over the requests; the copy bandwidth (device-to-device copy, read + write bytes
 mma.sync.m16n8k16 bf16 (kdkit's own microbenchmark, cuda/mma_peak.cu) are measured first.
 
 Output: one JSON file per run, benchmarks/results/<gpu>-<date>.json:
-{"gpu", "sms", "copy_gbps", "mma_tflops", "driver", "versions", "date", "rows": [{backend, bs,
+{"gpu", "sms", "copy_gbps", "mma_tflops", "driver", "versions", "date", "eager_floor_us" (an empty
+kernel's eager_us: the floor of every row's eager_us on that host then), "rows": [{backend, bs,
 prefix, q_len, heads, nsplit, nsplit_auto, graph, us, gbps, floor_us, roofline_frac,
 speedup_vs_triton, host_us, eager_us, plan_us, verdict, and where the backend says it the build that ran: module, e.g.
 "mla_tc-nt5-...-skip1-sm_90-<hash>" (block size, warps, step skip); sm_mhz and power_w, the
@@ -51,7 +52,7 @@ from ..constants import QK_DIM as D, V_HEAD_DIM as DV
 from . import clocks as _clocks
 from . import results as _results
 from .correctness import Reference
-from .timing import Timer, copy_gbps, graph_of, mma_tflops
+from .timing import Timer, copy_gbps, empty_launch, graph_of, mma_tflops
 
 RESULTS = _results.RESULTS_DIR
 NSPLITS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # the fixed split counts swept by default (--nsplit)
@@ -233,7 +234,9 @@ def _run_grid(shapes, names, nsplits, graph, progress, device, on_shape, sampler
     dev = g.dev
     header = {"gpu": torch.cuda.get_device_name(dev), "sms": torch.cuda.get_device_properties(dev).multi_processor_count,
               **{k: round(v, 1) for k, v in g.ceil.items()}, "driver": _driver(), "versions": _versions(),
-              "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}  # the run's start
+              "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),  # the run's start
+              # an empty kernel's eager call: the floor of every row's eager_us on this host now
+              "eager_floor_us": round(empty_launch(g.timer)["eager_us"], 1)}
     bar = tqdm(shapes, disable=not progress, unit="shape")
     for shape in bar:
         bar.set_postfix_str(shape.label)
@@ -344,6 +347,8 @@ def summary(res: dict) -> str:
     for b in names:
         cols += [b] + ([f"{b} graph"] if b in graphed else []) + ([f"{b} best fixed ({SWEPT})"] if b in swept else [])
     head = f"{res['gpu']} ({res['sms']} SMs), copy {res['copy_gbps']} GB/s, mma.sync {res['mma_tflops']} TFLOP/s"
+    if res.get("eager_floor_us") is not None:  # (runs before 2026-12-04 have none)
+        head += f", an empty kernel's eager_us {res['eager_floor_us']} us"
     if len(res.get("slices", [])) > 1:  # combined slices: each row's floor is its own slice's
         head += "".join(f"\n  slice {s['file']} ({s['date']}, {s['rows']} rows): copy {s['copy_gbps']} GB/s, "
                         f"mma.sync {s['mma_tflops']} TFLOP/s" for s in res["slices"])

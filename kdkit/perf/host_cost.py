@@ -21,7 +21,7 @@ from .. import kernel
 from ..backends import cuda
 from ..kernel import launch
 from . import bench
-from .timing import Timer
+from .timing import Timer, empty_launch
 
 
 def _shape(text: str) -> bench.Shape:
@@ -61,24 +61,6 @@ def measure(shape: bench.Shape, timer: Timer) -> dict:
             "gpu_us": timer.us(lambda: kernel.run(p, q, k, v, kvb))}
 
 
-_EMPTY = 'extern "C" __global__ void kd_empty() {}'
-
-
-def empty_floor(timer: Timer) -> dict:
-    """The host time and the eager time of an empty kernel launched as run() launches (one
-    cuda-bindings cuLaunchKernel on torch's current stream): what no kernel's eager call from Python
-    on this host can go below; an eager call's time over this is its own host work and its kernel."""
-    import cupy
-    import torch
-    fn = launch.function_handle(cupy.RawKernel(_EMPTY, "kd_empty"))
-    one = launch.Launcher([("kd_empty", fn, (1, 1, 1), (32, 1, 1), 0, 0, False)])
-    stream = launch.current_raw_stream(torch.cuda.current_device())
-    return {"shape": "empty kernel", "kernels": 1,
-            "launcher_us": timer.host_us(lambda: one(stream)),
-            "eager_us": timer.eager_us(lambda: one(stream)),
-            "gpu_us": timer.us(lambda: one(stream))}
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", type=lambda s: [_shape(t) for t in s.split(",")],
@@ -95,7 +77,7 @@ def main(argv=None) -> int:
         way = f" (fused merge, {r['fused']})" if r["fused"] else ""
         print(f"{r['shape']} | {r['kernels']}{way} | " +
               " | ".join(f"{r[k]:.2f}" for k in keys), flush=True)
-    floor = empty_floor(timer)  # (after the shapes: the GPU's clocks up, as they were for those)
+    floor = empty_launch(timer)  # (after the shapes: the GPU's clocks up, as they were for those)
     print(f"floor: an empty kernel, one launch: host {floor['launcher_us']:.2f} us, eager {floor['eager_us']:.2f} us, "
           f"GPU (flushed, events) {floor['gpu_us']:.2f} us", flush=True)
     if args.out:

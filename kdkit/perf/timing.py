@@ -101,6 +101,24 @@ class Timer:
         return a.elapsed_time(b) * 1e3
 
 
+_EMPTY = 'extern "C" __global__ void kd_empty() {}'
+
+
+def empty_launch(timer: Timer) -> dict:
+    """An empty kernel (one block of one warp) launched as kdkit's run() launches (one cuda-bindings
+    cuLaunchKernel on torch's current stream): its host time (Timer.host_us), its eager time
+    (Timer.eager_us: the floor of any eager call from Python on this host, the events' own host
+    work included) and its GPU time (Timer.us)."""
+    import cupy
+
+    from ..kernel import launch
+    fn = launch.function_handle(cupy.RawKernel(_EMPTY, "kd_empty"))
+    one = launch.Launcher([("kd_empty", fn, (1, 1, 1), (32, 1, 1), 0, 0, False)])
+    stream = launch.current_raw_stream(torch.cuda.current_device())
+    return {"shape": "empty kernel", "kernels": 1, "launcher_us": timer.host_us(lambda: one(stream)),
+            "eager_us": timer.eager_us(lambda: one(stream)), "gpu_us": timer.us(lambda: one(stream))}
+
+
 def graph_of(fn):
     """fn captured in a CUDA graph; returns the replay."""
     fn()
