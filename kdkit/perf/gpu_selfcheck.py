@@ -42,7 +42,7 @@ def main() -> int:
         v = compare.judge("cuda", m, ref)
         bad += not v.passed
         merge = f"fused-{res.info['fused']}" if res.info["fused"] else "kernel" if res.info["nsplit"] > 1 else "-"
-        print(f"{'ok  ' if v.passed else 'FAIL'} {name:32s} nsplit={res.info['nsplit']:<4d} merge={merge:<6s} {v.reasons[0]}")
+        print(f"{'ok  ' if v.passed else 'FAIL'} {name:32s} nsplit={res.info['nsplit']:<4d} merge={merge:<10s} {v.reasons[0]}")
     return 1 if bad else 0
 
 

@@ -1007,8 +1007,9 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
   //    next multiple of nsplit past its own count and merges rows split, split + nsplit, ... ;
   //  - last (1; any grid): the block whose count completes the multiple merges every row of the
   //    row block, a warp a row; the others return. No block waits, so the grid need not be resident.
-  // (a build option, not a run-time switch: the 40-row sm_90 build is at 255 registers, and this
-  // code beside its loop moves the loop's allocation into a spill there)
+  // (KD_FUSED is a build option, not a run-time switch: the 40-row sm_90 build is at 255 registers,
+  // and this code beside its loop moves the loop's allocation into a spill there; the way to meet,
+  // inside the fused builds only, is read at run time)
   if (KD_FUSED && !direct) {  // block-uniform
     // (the block's coordinates read again, not held in registers across the loop)
     int f_tile, f_split, f_b;  // (asm volatile: the compiler may not reuse the loop's copies of them)
