@@ -94,7 +94,7 @@ REFUSED = {
     "compile-arch-999": (["compile", "--arch", "sm_999"], 2, r"^kdkit: --arch sm_999: this NVRTC builds the kernel for sm_80, .*sm_120"),
     "compile-arch-75": (["compile", "--arch", "sm_75"], 2, r"^kdkit: --arch sm_75: the kernel needs sm_80 or newer"),
     "compile-arch-word": (["compile", "--arch", "sm_120,volta"], 2, r"^kdkit: --arch 'volta': expected sm_XX"),
-    "compile-rows-7": (["compile", "--rows", "7"], 2, r"^kdkit compile: argument --rows: invalid choice: 7 \(choose from 8, 16, 24, 32, 40\)"),
+    "compile-rows-7": (["compile", "--rows", "7"], 2, r"^kdkit compile: argument --rows: invalid choice: 7 \(choose from 8, 16, 24, 32, 40, 64\)"),
     "compile-rows-0": (["compile", "--rows", "0"], 2, r"^kdkit compile: argument --rows: invalid choice: 0 \(choose from 8, 16,"),
     "compile-mutant": (["compile", "--mutant", "nosuch"], 2, r"^kdkit compile: argument --mutant: invalid choice: 'nosuch'"),
     "no-command": ([], 2, r"^kdkit: the following arguments are required: COMMAND"),

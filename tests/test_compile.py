@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from kdkit.kernel import jit, mutants, params, schedule, spec as vk
 
@@ -63,7 +64,7 @@ def test_skip_builds_fit():
     """The skip build at every block size and warp count: sm_120's limits, no spills (on sm_90 too,
     but for the 16-warp 40-row build, as in test_sixteen_warp_builds_fit)."""
     for arch in ("sm_120", "sm_90"):
-        for nt in vk.NT_CHOICES:
+        for nt in vk.TC_NT_CHOICES:
             for nh in (1, 2) if nt >= 2 else (1,):
                 if arch == "sm_90" and nh == 2 and nt == 5:
                     continue
@@ -81,11 +82,30 @@ def test_fused_builds_fit():
     """The fused-merge builds (KD_FUSED: the split blocks merge in place) at every block size,
     without and with the step skip: sm_120's limits, no spills; named so in their key. (On sm_90 the
     two 40-row ones spill 4 B: that build is at 255 registers there, and the H200 is not the target.)"""
-    for nt in vk.NT_CHOICES:
+    for nt in vk.TC_NT_CHOICES:
         for skip in (False, True):
             rep = vk.compile_report("sm_120", vk.KernelConfig(nt=nt, skip=skip, fused=True))
             assert rep.breaches() == [], rep.table()
             assert "-fused1-" in rep.key
+
+
+def test_pair_builds_fit():
+    """The 64-row build (kd_pair.cuh) with 32- and 64-bit indices on both archs, and each mutant
+    of it on the target: sm_120's limits, no spills; it has no step skip, fused merge, 16 warps or
+    knockout, and a config asking for one is refused naming the field."""
+    for arch in ("sm_120", "sm_90"):
+        for idx in (torch.int32, torch.int64):
+            rep = vk.compile_report(arch, vk.KernelConfig(nt=vk.PAIR_NT, qo_t=idx, kvp_t=idx, kvi_t=idx))
+            assert rep.breaches() == [], rep.table()
+            assert rep.kernels[vk.PARTIAL].spill_stores == 0 and rep.meta["rows"] == 64, rep.table()
+    for mutant in sorted(mutants.MUTANTS):
+        rep = vk.compile_report("sm_120", vk.KernelConfig(nt=vk.PAIR_NT, mutant=mutant))
+        assert rep.breaches() == [] and rep.kernels[vk.PARTIAL].spill_stores == 0, (mutant, rep.table())
+    for field, kw in (("skip", {"skip": True}), ("fused", {"fused": True}), ("nh", {"nh": 2}),
+                      ("knockout", {"knockout": "softmax"})):
+        with pytest.raises(vk.ConfigError) as e:
+            vk.KernelConfig(nt=vk.PAIR_NT, **kw)
+        assert e.value.field == field and "64-row" in str(e.value)
 
 
 def test_knockouts_are_timing_only_builds_named_in_their_key():
@@ -285,13 +305,14 @@ def test_cli_compile(capsys):
     # nearest sm_120's limit) included, each without and with the step skip, each with the merge
     # kernel and with the fused merge, for each arch
     for arch in ("sm_120", "sm_90"):
-        for nt in vk.NT_CHOICES:
+        assert f"{arch}, 64 rows per block (KD_NT={vk.PAIR_NT}):\n{arch}  mla_tc-nt{vk.PAIR_NT}-" in out
+        for nt in vk.TC_NT_CHOICES:
             assert f"{arch}, {8 * nt} rows per block (KD_NT={nt}):\n{arch}  mla_tc-nt{nt}-" in out
             assert f"{arch}, {8 * nt} rows per block (KD_NT={nt}), step skip (KD_SKIP=1):\n{arch}  mla_tc-nt{nt}-" in out
             assert f"{arch}, {8 * nt} rows per block (KD_NT={nt}), fused merge (KD_FUSED=1):\n{arch}  mla_tc-nt{nt}-" in out
             if nt <= vk.GATHER_MAX_NT:
                 assert f"{arch}, {8 * nt} rows per block (KD_NT={nt}), column gather (KD_SKIP=2):" in out
-    assert out.count("fits sm_120 limits: yes") == 2 * 2 * (2 * len(vk.NT_CHOICES) + vk.GATHER_MAX_NT)
+    assert out.count("fits sm_120 limits: yes") == 2 * (2 * (2 * len(vk.TC_NT_CHOICES) + vk.GATHER_MAX_NT) + 1)
     assert main(["compile", "--arch", "sm_120", "--rows", "40"]) == 0
     out = capsys.readouterr().out
     assert out.count("rows per block") == 4 and "40 rows per block (KD_NT=5)" in out

@@ -289,10 +289,12 @@ def _deep_case(prefix, q_len, heads, tree, layout, seed):
 
 def _deep_runs(case, nsplits, nh2=True):
     """The skip build at each split count (and with 16 warps), the gather build at 8, 24 (a block
-    that ends inside a token at H 16) and 32 rows per block, and the plan's own choice."""
+    that ends inside a token at H 16) and 32 rows per block, the 64-row build at each split count,
+    and the plan's own choice."""
     runs = [(f"skip, nsplit {ns}", cuda.run(case, nsplit=ns, skip=True)) for ns in nsplits]
     runs += [(f"gather, nt {nt}, nsplit {ns}", cuda.run(case, nsplit=ns, nt=nt, skip="gather"))
              for nt in (1, 3, 4) for ns in nsplits]
+    runs += [(f"64-row pair, nsplit {ns}", cuda.run(case, nsplit=ns, nt=spec.PAIR_NT)) for ns in nsplits]
     runs.append(("the plan's choice", cuda.run(case)))
     if nh2:
         runs.append(("skip, 16 warps", cuda.run(case, nh=2, skip=True)))
@@ -400,7 +402,7 @@ def test_mutants_fail_on_a_deep_tree(mutant, layout, skip):
         assert v.passed, f"{mutant}: the skip build differs from the torch model of it: {v.reasons}"
 
 
-@pytest.mark.parametrize("nt", spec.NT_CHOICES)
+@pytest.mark.parametrize("nt", spec.TC_NT_CHOICES)
 def test_skip_builds_agree(nt):
     """The skip build (which the plan takes only for deep trees at a short prefix) on the
     partial-n-tile shape and every bundled case: causal, ragged, no mask, long prefix."""
@@ -421,6 +423,46 @@ def test_skip_sweep(seed):
     assert v.passed, f"{case.summary()}: {v.reasons}"
     v = _judge(case, cuda.run(case, skip="gather", nt=1 + seed % spec.GATHER_MAX_NT))
     assert v.passed, f"{case.summary()} (gather): {v.reasons}"
+
+
+# ---- the 64-row build (kd_pair.cuh: query rows on the MMA's M dimension, a warp pair per 16 rows)
+
+@pytest.mark.parametrize("seed", range(40))
+def test_pair_sweep(seed):
+    """The 64-row build on the sweep's random cases (ragged batches, trees, caps, both layouts,
+    index types), at the plan's split count for it and at 3."""
+    case = synth.random_case(seed)
+    for nsplit in (None, 3):
+        res = cuda.run(case, nt=spec.PAIR_NT, nsplit=nsplit)
+        assert "-nt8-" in res.ran
+        v = _judge(case, res)
+        assert v.passed, f"{case.summary()} (nsplit {nsplit}): {v.reasons}"
+
+
+@pytest.mark.parametrize("layout", ["sglang", "unified"])
+@pytest.mark.parametrize("mutant", sorted(kernel.MUTANTS))
+def test_pair_mutants_fail(mutant, layout):
+    """Every mutant hook acts in the 64-row build too: each wrong build fails the check its
+    production build passes (the mutants' case, 3 splits so that the merge runs)."""
+    case = to_layout(_named("mutants"), layout)
+    assert _judge(case, cuda.run(case, nsplit=3, nt=spec.PAIR_NT)).passed
+    v = _judge(case, cuda.run(case, nsplit=3, nt=spec.PAIR_NT, mutant=mutant))
+    assert not v.passed, f"mutant {mutant} passed the check in the 64-row build: the checker is broken"
+
+
+def test_plan_takes_the_pair_build_for_many_rows_over_a_long_prefix():
+    """The plan's own choice at the grid's deep-tree shapes is the 64-row build, and it is right;
+    a knockout or a fused merge asked for keeps the 8- to 40-row builds; nt=8 with a fused merge
+    asked for is refused naming the field."""
+    case = synth.make_case(bs=2, prefix=4096, q_len=64, heads=8, tree="ddtree", seed=5)
+    res = cuda.run(case)
+    assert "-nt8-" in res.ran, res.ran
+    v = _judge(case, res)
+    assert v.passed, v.reasons
+    assert "-nt8-" not in cuda.run(case, fused=True).ran
+    assert "-nt8-" not in cuda.run(case, knockout="softmax").ran
+    with pytest.raises(kernel.InputError, match="fused"):
+        cuda.run(case, nt=spec.PAIR_NT, fused="wait")
 
 
 # ---- sm_scale, kdkit bench's shapes and its Triton decode baseline --------------------------

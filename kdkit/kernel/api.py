@@ -157,7 +157,8 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
     # all T tokens)
     nt, ns, skip = schedule.choose_launch(sizes["bs"], rows, sizes["max_q_len"], sizes["max_kv_len"], sm_count,
                                           total_rows, custom_mask is not None, nt=nt, nh=nh, skip=o.skip,
-                                          nsplit=o.nsplit, nt_fixed=o.nt is not None)
+                                          nsplit=o.nsplit, nt_fixed=o.nt is not None,
+                                          pair=o.knockout is None and o.fused in (None, False))
     idx = dict(qo_t=qo_indptr.dtype, kvp_t=kv_indptr.dtype, kvi_t=kv_indices.dtype,
                pfx_t=prefix_lens.dtype if prefix_lens is not None else torch.int64,
                mip_t=mask_indptr.dtype if mask_indptr is not None else torch.int64)
@@ -179,7 +180,10 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
                          "these rows); use fewer splits (nsplit=None chooses)")
     grid = (blocks, ns, sizes["bs"])
     fused = False  # or the fused merge's way to meet: "wait" (cooperative) or "last" (schedule.merge_mode)
-    if T > 0 and schedule.wants_fused(ns, o.fused):
+    require(cfg.nt != spec.PAIR_NT or o.fused in (None, False), "fused",
+            f"{o.fused!r} with nt={spec.PAIR_NT}: the 64-row build merges its splits with the merge kernel "
+            "(fused None or False, or nt in " + str(spec.TC_NT_CHOICES) + ")")
+    if T > 0 and cfg.nt != spec.PAIR_NT and schedule.wants_fused(ns, o.fused):
         fcfg = replace(cfg, fused=True)
         mod, meta, raw, partial, merge = _load(fcfg)
         need, resident = grid[0] * grid[1] * grid[2], _resident(partial, meta, sm_count)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from .spec import GATHER_MAX_NT, MIN_ARCH, NT_CHOICES
+from .spec import GATHER_MAX_NT, MIN_ARCH, NT_CHOICES, PAIR_NT
 
 ROWS_PER_NT = 8   # query (token, head) rows per n-tile: a block of KD_NT n-tiles holds 8 x KD_NT rows
 
@@ -61,11 +61,12 @@ def build_matrix(rows: int | None = None) -> list[tuple[int, object, bool]]:
     sm_120's shared-memory limit, and 8 at short KV), or the one of `rows` rows; each without and
     with the step skip (schedule.choose_skip: deep trees at a short prefix), and with the column
     gather where its column list fits (nt <= GATHER_MAX_NT); each of those with the merge kernel and
-    with the fused merge (plan(): where the plan splits and its grid fits the GPU at once)."""
+    with the fused merge (plan(): where the plan splits and its grid fits the GPU at once). The
+    64-row build (PAIR_NT) has neither skip nor fused merge: one build."""
     nts = [rows // ROWS_PER_NT] if rows else list(NT_CHOICES)
     return [(nt, skip, fused) for nt in nts
-            for skip in ((False, True, "gather") if nt <= GATHER_MAX_NT else (False, True))
-            for fused in (False, True)]
+            for skip in ((False,) if nt == PAIR_NT else (False, True, "gather") if nt <= GATHER_MAX_NT else (False, True))
+            for fused in ((False,) if nt == PAIR_NT else (False, True))]
 
 
 def row_choices() -> list[int]:

@@ -2,7 +2,7 @@
 and the SM count alone (no timing at plan time, so graph replay makes the same choice)."""
 from __future__ import annotations
 
-from .spec import DL, GATHER_MAX_NT, MAX_SPLITS, MERGE_GROUPS, MERGE_THREADS, NT_CHOICES
+from .spec import DL, GATHER_MAX_NT, MAX_SPLITS, MERGE_GROUPS, MERGE_THREADS, PAIR_NT, TC_NT_CHOICES
 
 BLOCK_N = 32            # KV rows per pipeline step (kd_meta_block_n; checked against the build)
 WORKSPACE_LIMIT = 512 << 20  # fp32 partials beyond this are not worth the merge: fewer splits
@@ -28,7 +28,7 @@ def split_span(kv_len: int, nsplit: int) -> int:
 def choose_nt(rows: int) -> int:
     """Fewest blocks per request first (each reads the whole KV, the siblings from L2), then the
     fewest idle query columns."""
-    return min(NT_CHOICES, key=lambda nt: (cdiv(rows, 8 * nt), cdiv(rows, 8 * nt) * 8 * nt))
+    return min(TC_NT_CHOICES, key=lambda nt: (cdiv(rows, 8 * nt), cdiv(rows, 8 * nt) * 8 * nt))
 
 
 def rows_per_block(rows: int, nt: int) -> int:
@@ -71,6 +71,20 @@ MERGE_US = 5.0
 # count measured on every grid shape (an unmeasured choice read off its measured neighbours) and
 # within 1.058x on the sweep, as before; smaller values mis-rank long-KV shapes by up to 1.24x.
 PARTIAL_WAVE = 0.9
+# The 64-row build (spec.PAIR_NT, kd_pair.cuh) in the same model: its 32-row step measured 1.27x the
+# 40-row build's (2.0 against 1.58 us on the H200, 4 x 8K, q_len 257, H 8: 0.79x the time per query
+# row; benchmarks/LOG.md, "The 64-row build") and its fixed work taken as the 40-row build's. With
+# these the model picks the split counts that measured fastest for it at the grid's deep-tree
+# shapes (1 x 32K q_len 64: 16 splits at H 8, 8 at H 16; 4 x 8K q_len 257: 1).
+PAIR_STEP_US = 1.27 * (STEP_US + STEP_US_PER_NTILE * 5)
+PAIR_BLOCK_US = BLOCK_US_PER_NTILE * 5
+# The plan takes it for requests of at least PAIR_MIN_ROWS (token, head) rows (fewer leave a 64-row
+# block's rows idle; 512 is the fewest measured, 1 x 32K q_len 64 H 8) and KV of at least
+# PAIR_MIN_KV rows (measured at 8K and 32K; at short KV a block's fixed work is the time, which
+# the model does not split out for it), where no step-skip build is chosen (it streams every step:
+# a deep tree over a short prefix is the skip builds')
+PAIR_MIN_ROWS = 64 * 8  # q_len 64 x H 8
+PAIR_MIN_KV = 4096
 
 
 def modelled_us(bs: int, blocks: int, max_kv_len: int, nt: int, nsplit: int, sm_count: int) -> float:
@@ -84,7 +98,10 @@ def modelled_us(bs: int, blocks: int, max_kv_len: int, nt: int, nsplit: int, sm_
     steps = cdiv(max(1, cdiv(max_kv_len, BLOCK_N)), nsplit)
     full, rest = divmod(bs * blocks * nsplit, sm_count)
     waves = max(1, full) if rest == 0 or full == 0 else full + PARTIAL_WAVE + (1 - PARTIAL_WAVE) * rest / sm_count
-    block = steps * (STEP_US + STEP_US_PER_NTILE * nt) + BLOCK_US_PER_NTILE * nt
+    if nt == PAIR_NT:
+        block = steps * PAIR_STEP_US + PAIR_BLOCK_US
+    else:
+        block = steps * (STEP_US + STEP_US_PER_NTILE * nt) + BLOCK_US_PER_NTILE * nt
     return waves * block + (MERGE_US if nsplit > 1 else 0.0)
 
 
@@ -206,20 +223,31 @@ def choose_skip(max_q_len: int, max_kv_len: int, masked: bool, nt: int = 1, nh: 
     return step_skip
 
 
+def wants_pair(rows: int, max_kv_len: int, nh: int, skip) -> bool:
+    """Whether a plan whose block size is free takes the 64-row build: at 8 warps, without a
+    step-skip build, for requests of at least PAIR_MIN_ROWS rows over at least PAIR_MIN_KV KV rows."""
+    return nh == 1 and skip is False and rows >= PAIR_MIN_ROWS and max_kv_len >= PAIR_MIN_KV
+
+
 def choose_launch(bs: int, rows: int, max_q_len: int, max_kv_len: int, sm_count: int, total_rows: int,
                   masked: bool, nt: int | None = None, nh: int = 1, skip=None, nsplit: int | None = None,
-                  nt_fixed: bool | None = None) -> tuple[int, int, bool | str]:
+                  nt_fixed: bool | None = None, pair: bool = True) -> tuple[int, int, bool | str]:
     """(n-tiles per block, splits, skip build) for a batch: the one choice the plan makes and the
     torch reference's split count follows (kdkit.probes places its planted keys by it). skip None:
     choose_skip's. Where the build is the gather and the caller left the block size free, the
     block size up to GATHER_MAX_NT that the launch model ranks first (choose weighs only 8 rows
     and the fewest blocks). At 1 x 21, q_len 257, H 8 that is 16 rows, 129 blocks in one wave,
     modelled 15.1 us against 21.3 at 8 rows in two waves (NOT yet measured: 8 rows took 18.9 us).
-    nt_fixed: the caller fixed nt (default: nt is not None)."""
+    nt_fixed: the caller fixed nt (default: nt is not None). pair: the 64-row build may be chosen
+    (wants_pair; plan() says no where a knockout or a fused merge is asked for, which it lacks)."""
     nt_fixed = nt is not None if nt_fixed is None else nt_fixed
+    if nt == PAIR_NT:  # asked for: its own split count
+        return nt, choose(bs, rows, max_kv_len, sm_count, total_rows, nt=nt, nsplit=nsplit)[1], False if skip is None else skip
     nt, ns = choose(bs, rows, max_kv_len, sm_count, total_rows, nt=nt, nsplit=nsplit)
     if skip is None:
         skip = choose_skip(max_q_len, max_kv_len, masked, nt, nh, nt_free=not nt_fixed)
+    if pair and not nt_fixed and wants_pair(rows, max_kv_len, nh, skip):
+        return PAIR_NT, choose(bs, rows, max_kv_len, sm_count, total_rows, nt=PAIR_NT, nsplit=nsplit)[1], skip
     if skip == "gather" and not nt_fixed:
         options = [choose(bs, rows, max_kv_len, sm_count, total_rows, nt=t, nsplit=nsplit)
                    for t in range(max(1, nh), GATHER_MAX_NT + 1)]  # (16 warps: an n-tile per half)

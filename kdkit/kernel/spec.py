@@ -21,7 +21,11 @@ MERGE_GROUPS = 8              # a merge block has up to this many groups, each s
 ARCHS = ("sm_120", "sm_90", "sm_89", "sm_100", "sm_80")
 MIN_ARCH = 80                 # mma.sync bf16 m16n8k16, ldmatrix and cp.async all need sm_80
 MAX_SPLITS = 256             # KV splits per request at most: the merge kernel's weight table
-NT_CHOICES = (1, 2, 3, 4, 5)  # query n-tiles of 8 rows per block; 5 is the most that fits 99 KB
+TC_NT_CHOICES = (1, 2, 3, 4, 5)  # mla_tc.cu's partial: query n-tiles of 8 rows per block; 5 is the most that fits 99 KB
+# the 64-row build (kd_pair.cuh's partial: query rows on the MMA's M dimension, a warp pair per 16
+# rows), chosen for requests of many rows; the same module, entry points and argument
+PAIR_NT = 8
+NT_CHOICES = TC_NT_CHOICES + (PAIR_NT,)
 DEFAULT_NT = 4
 SKIP_CHOICES = (False, True, "gather")  # the step skip: none, whole steps, visible columns
 GATHER_MAX_NT = 4             # the gather's column list (4.3 KB, 16-bit entries) fits beside the 32-row block, not the 40-row
@@ -70,6 +74,12 @@ class KernelConfig:
         if self.skip == "gather" and self.nt > GATHER_MAX_NT:
             raise ConfigError("skip", f"skip='gather' with nt={self.nt}: the column list fits in shared memory up to "
                              f"nt={GATHER_MAX_NT} (use skip=True, the step skip, at {self.nt} n-tiles)")
+        if self.nt == PAIR_NT:  # kd_pair.cuh has 8 warps, no step skip, fused merge or knockout hooks
+            for name, value, ok in (("nh", self.nh, 1), ("skip", self.skip, False), ("fused", self.fused, False),
+                                    ("knockout", self.knockout, None)):
+                if value != ok:
+                    raise ConfigError(name, f"{name}={value!r} with nt={PAIR_NT}: the 64-row build runs with "
+                                      f"{name}={ok!r} only (choose nt in {TC_NT_CHOICES} for it)")
         mutants.defines(self.mutant)  # raises on an unknown name
         try:
             knockouts.defines(self.knockout)
@@ -83,7 +93,7 @@ class KernelConfig:
     def defines(self) -> dict:
         d = {"KD_DL": DL, "KD_DR": DR, "KD_NT": self.nt, "KD_NH": self.nh, "KD_SKIP": 2 if self.skip == "gather" else int(bool(self.skip)), "KD_MAX_SPLITS": MAX_SPLITS,
              "KD_MERGE_GROUPS": MERGE_GROUPS, "KD_MERGE_THREADS": MERGE_THREADS,
-             "KD_SMEM_LIMIT": jit.SM120_SMEM_LIMIT, "KD_FUSED": int(self.fused),
+             "KD_SMEM_LIMIT": jit.SM120_SMEM_LIMIT, "KD_FUSED": int(self.fused), "KD_PAIR": int(self.nt == PAIR_NT),
              "KD_QO_T": _CTYPES[self.qo_t], "KD_KVP_T": _CTYPES[self.kvp_t],
              "KD_KVI_T": _CTYPES[self.kvi_t], "KD_MIP_T": _CTYPES[self.mip_t],
              "KD_PFX_T": _CTYPES[self.pfx_t]}

@@ -19,9 +19,14 @@ SET = "gpu-selfcheck"
 MAKE = {"h128-uint8-mask-int64-idx": dict(mask_dtype=torch.uint8, index_dtype=torch.int64)}  # -> make_case
 # -> cuda.run; "q1025-h1" is where the plan takes the skip build itself, "ragged-prefix-0" forces it
 RUN = {"one-split": {"nsplit": 1}, "many-splits": {"nsplit": 256}, "ragged-prefix-0": {"skip": True}}
-# run a second time with these options: 256 splits merged by the last split block of each row block
-# (fused "last", a grid no GPU holds at once) beside the merge kernel of the first run
-AGAIN = {"many-splits": {"nsplit": 256, "fused": "last"}}
+# run again with each of these options: 256 splits merged by the last split block of each row block
+# (fused "last", a grid no GPU holds at once) beside the merge kernel of the first run; the 64-row
+# build (nt 8, kd_pair.cuh: named barriers between warp pairs) writing the output itself, through
+# the merge kernel, over 64-bit indices and a uint8 mask, causal with a cap, and on a deep tree
+PAIR = {"nt": 8}
+AGAIN = {"many-splits": ({"nsplit": 256, "fused": "last"}, {**PAIR, "nsplit": 16}),
+         "one-split": ({**PAIR, "nsplit": 1},), "ragged-prefix-0": (PAIR,), "h128-uint8-mask-int64-idx": (PAIR,),
+         "causal-no-mask-capped": ({**PAIR, "nsplit": 2},), "q1025-h1": (PAIR,)}
 
 
 def cases():
@@ -33,7 +38,7 @@ def cases():
 def main() -> int:
     from ..backends import cuda
     bad = 0
-    runs = ((name, case, o) for name, case, opts in cases() for o in (opts, AGAIN.get(name)) if o is not None)
+    runs = ((name, case, o) for name, case, opts in cases() for o in (opts, *AGAIN.get(name, ())))
     for name, case, opts in runs:
         res = cuda.run(case, **opts)
         # the oracle once, with the rows' LSE conditions and sizes, as replay and the trials judge
@@ -42,7 +47,9 @@ def main() -> int:
         v = compare.judge("cuda", m, ref)
         bad += not v.passed
         merge = f"fused-{res.info['fused']}" if res.info["fused"] else "kernel" if res.info["nsplit"] > 1 else "-"
-        print(f"{'ok  ' if v.passed else 'FAIL'} {name:32s} nsplit={res.info['nsplit']:<4d} merge={merge:<10s} {v.reasons[0]}")
+        rows = "64-pair" if "-nt8-" in res.ran else "8-40"
+        print(f"{'ok  ' if v.passed else 'FAIL'} {name:32s} nsplit={res.info['nsplit']:<4d} merge={merge:<10s} "
+              f"rows={rows:<7s} {v.reasons[0]}")
     return 1 if bad else 0
 
 

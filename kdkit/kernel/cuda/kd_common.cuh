@@ -99,4 +99,35 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
+// byte offset of 16-byte chunk c of row r in a tile of `row_bytes`-byte rows, XOR-swizzled by
+// r & 7 (the 8 rows an ldmatrix reads at one logical chunk land in 8 bank groups)
+__device__ __forceinline__ kd_u32 swz_off(int r, int c, int row_bytes) {
+  return static_cast<kd_u32>(r * row_bytes + ((c ^ (r & 7)) << 4));
+}
+// a lane's byte offset, within its ldmatrix row, of chunk cb + 2 i, the reader taking the row's
+// swizzle as r7: the chunk's low three bits are XORed, the rest is 128 B a group of 8 chunks
+__device__ __forceinline__ kd_u32 chunk_off(int cb, int i, int r7) {
+  const int c = cb + 2 * i;
+  return static_cast<kd_u32>((((c >> 3) << 3) | ((c & 7) ^ r7)) << 4);
+}
+// a named barrier of n threads (id 0 is __syncthreads')
+__device__ __forceinline__ void bar_sync(int id, int n) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+// 16-byte shared-memory store / load at a 32-bit shared address (a generic pointer would hold two
+// registers across a loop)
+__device__ __forceinline__ void st_shared4(kd_u32 addr, float a, float b, float c, float d) {
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+}
+__device__ __forceinline__ float4 ld_shared4(kd_u32 addr) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr) : "memory");
+  return v;
+}
+// two floats rounded to bf16 and packed (lo in the low half): an MMA operand register
+__device__ __forceinline__ kd_u32 pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const kd_u32*>(&v);
+}
+
 }  // namespace kd

@@ -75,6 +75,14 @@ using bf16 = __nv_bfloat16;
 #ifndef KD_FUSED
 #error "KD_FUSED (1: the split blocks merge in place, a cooperative launch) comes from kdkit/kernel/spec.py"
 #endif
+#ifndef KD_PAIR
+#error "KD_PAIR (1: the 64-row build, kd_pair.cuh's partial kernel) comes from kdkit/kernel/spec.py"
+#endif
+#if KD_PAIR
+// the 64-row build (query rows on the MMA's M dimension, a warp pair per 16 rows): its own partial
+// kernel, this file's merge kernel below
+#include "kd_pair.cuh"
+#else  // the 8- to 40-row builds: the partial kernel of this file
 // KD_SKIP 2, the column gather: of the split's draft steps the block streams only the columns
 // that some row of it sees, packed 32 to a tile (a deep tree's node sees its ancestors only)
 #define KD_GATHER (KD_SKIP == 2)
@@ -1049,6 +1057,8 @@ extern "C" __global__ void __launch_bounds__(KD_THREADS, 1) kd_mla_tc_partial(co
     }
   }
 }
+
+#endif  // KD_PAIR
 
 // Merge the splits of one (token, head) row: out = sum_s w_s o_s / sum_s w_s, w_s = exp(lse_s - max).
 // One block per row: blockDim.y = G groups (G <= KD_MERGE_GROUPS, G <= nsplit, chosen by the
