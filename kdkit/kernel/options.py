@@ -3,7 +3,9 @@
 The problem (the batch's index arrays, heads, scale, cap, layout, dtype) says WHAT to compute;
 these say HOW, and are the same for every batch of a run, so a caller builds them once:
 
-- tuning: `nsplit, nt, nh, skip` (None: the planner's choice, kdkit/kernel/schedule.py) and
+- tuning: `nsplit, nt, nh, skip` (None: the planner's choice, kdkit/kernel/schedule.py; nt 1-5:
+  8-40 query rows a block of mla_tc.cu's partial kernel, nt 8: the 64-row build of kd_pair.cuh,
+  which has 8 warps, no step skip and no fused merge) and
   `fused` (the split blocks merge in place, one launch and no merge kernel: "wait", each split
   block waits for its siblings and merges its share, a cooperative launch whose grid must fit the
   GPU at once; "last", the last split block of a row block to finish merges it, any grid; True:
