@@ -144,6 +144,25 @@ def test_gather_builds_fit():
         vk.KernelConfig(skip="cols")
 
 
+def test_choose_launch_takes_the_64_row_build_for_requests_of_many_rows():
+    """The 64-row build where the longest request has at least PAIR_MIN_ROWS rows over at least
+    PAIR_MIN_KV KV rows, with no skip build chosen; not for many short requests under a grid sized
+    for all of a call's tokens (plan() without max_q_len), not at a short KV, not at 16 warps, and
+    not where the caller fixed the block size or plan() rules it out (pair=False)."""
+    q64 = 64 * 8  # 1 x 32K, q_len 64, H 8: the fewest rows measured
+    assert schedule.choose_launch(1, q64, 64, 32768 + 64, 132, q64, True)[0] == vk.PAIR_NT
+    assert schedule.choose_launch(1, q64, 64, 32768 + 64, 132, q64, True, pair=False)[0] != vk.PAIR_NT
+    assert schedule.choose_launch(1, q64, 64, 32768 + 64, 132, q64, True, nt=5)[0] == 5
+    assert schedule.choose_launch(1, q64, 64, 32768 + 64, 132, q64, True, nh=2)[0] != vk.PAIR_NT
+    assert schedule.choose_launch(1, q64, 64, 1024 + 64, 132, q64, True)[0] != vk.PAIR_NT  # short KV
+    assert schedule.choose_launch(1, q64 - 8, 63, 32768 + 63, 132, q64 - 8, True)[0] != vk.PAIR_NT
+    # 64 requests of q_len 9 at H 8 under a grid for all 576 tokens: 72 rows a request, not 4608
+    grid_rows, T = 576 * 8, 576
+    assert schedule.choose_launch(64, grid_rows, 9, 4096 + 9, 132, T * 8, True, request_rows=72)[0] != vk.PAIR_NT
+    # asked for, it takes its own split count: the model's, which measured best (1 x 32K q_len 64 H 8: 16)
+    assert schedule.choose_launch(1, q64, 64, 32768 + 64, 132, q64, True, nt=vk.PAIR_NT)[:2] == (vk.PAIR_NT, 16)
+
+
 def test_choose_launch_takes_the_gather_where_the_block_size_is_free():
     """Deep trees at a short prefix: the column gather at <= GATHER_MAX_NT n-tiles, even where the
     plain choice is 40 rows (1 x 21, q_len 257, H 16) or 8 (H 8: 16 rows fill one wave); a fixed

@@ -13,8 +13,9 @@
 //   PV:  P stays in registers as the A fragments of O[16 x 256] += P[16 x 32] V[32 x 256], the
 //        half's 256 output dims (128 registers); V^T is the tile's first 512 dims through
 //        ldmatrix.trans (sglang layout: the draft rows' V copied over them first).
-// One block barrier a step (the ring's): a step is one warp's QK, exchange, softmax and PV in turn,
-// no phase waits for the other row groups. Visibility, layouts, the logit cap, the split partials
+// One block barrier a step (the ring's; two more on the steps where the sglang layout's draft V is
+// copied in): a step is one warp's QK, exchange, softmax and PV in turn, no phase waits for the
+// other row groups. Visibility, layouts, the logit cap, the split partials
 // and every mutant hook are mla_tc.cu's, so the judge, the merge and the negative controls apply
 // unchanged. No step skip, fused merge or knockout (spec.KernelConfig refuses them with KD_PAIR).
 #pragma once
@@ -107,7 +108,8 @@ extern "C" __global__ void __launch_bounds__(KP_THREADS, 1) kd_mla_tc_partial(co
   // ---- this lane's two rows (g, g + 8 of the row group) and Q as A fragments of them over the
   // half's dims: qa[ks] = {Q[g][d + 2t, +1], Q[g + 8][d + 2t, +1], Q[g][d + 8 + 2t, +1],
   // Q[g + 8][d + 8 + 2t, +1]}, d = 256 h + 16 ks (ks < 16) or 512 + 32 h + 16 (ks - 16). A row
-  // past the block's (another block's, or past the request) is zeros, sees nothing, is not written.
+  // past the block's (another block's, or past the request) is zeros and is never written (on a
+  // step inside the prefix its scores are 0; elsewhere it sees nothing).
   const int lr0 = 16 * rg + g;  // the lane's first row in the block; the second is lr0 + 8
   kd_u32 qa[KP_KS][4];
   {
