@@ -13,6 +13,7 @@ import sys
 import torch
 
 from .. import shapes
+from ..kernel.spec import PAIR_NT
 from ..judge import compare, oracle
 
 SET = "gpu-selfcheck"
@@ -21,9 +22,9 @@ MAKE = {"h128-uint8-mask-int64-idx": dict(mask_dtype=torch.uint8, index_dtype=to
 RUN = {"one-split": {"nsplit": 1}, "many-splits": {"nsplit": 256}, "ragged-prefix-0": {"skip": True}}
 # run again with each of these options: 256 splits merged by the last split block of each row block
 # (fused "last", a grid no GPU holds at once) beside the merge kernel of the first run; the 64-row
-# build (nt 8, kd_pair.cuh: named barriers between warp pairs) writing the output itself, through
+# build (kd_pair.cuh: named barriers between warp pairs) writing the output itself, through
 # the merge kernel, over 64-bit indices and a uint8 mask, causal with a cap, and on a deep tree
-PAIR = {"nt": 8}
+PAIR = {"nt": PAIR_NT}
 AGAIN = {"many-splits": ({"nsplit": 256, "fused": "last"}, {**PAIR, "nsplit": 16}),
          "one-split": ({**PAIR, "nsplit": 1},), "ragged-prefix-0": (PAIR,), "h128-uint8-mask-int64-idx": (PAIR,),
          "causal-no-mask-capped": ({**PAIR, "nsplit": 2},), "q1025-h1": (PAIR,)}
@@ -47,7 +48,7 @@ def main() -> int:
         v = compare.judge("cuda", m, ref)
         bad += not v.passed
         merge = f"fused-{res.info['fused']}" if res.info["fused"] else "kernel" if res.info["nsplit"] > 1 else "-"
-        rows = "64-pair" if "-nt8-" in res.ran else "8-40"
+        rows = "64-pair" if f"-nt{PAIR_NT}-" in res.ran else "8-40"
         print(f"{'ok  ' if v.passed else 'FAIL'} {name:32s} nsplit={res.info['nsplit']:<4d} merge={merge:<10s} "
               f"rows={rows:<7s} {v.reasons[0]}")
     return 1 if bad else 0
