@@ -1,9 +1,9 @@
 """One shape through kdkit's kernel a few times, for a profiler:
 
-    ncu --clock-control none -k regex:kd_mla_tc -c 2 python -m kdkit.perf.profile_one BS PREFIX Q_LEN [NSPLIT [NT [NH]]]
+    ncu --clock-control none -k regex:kd_mla_tc -c 2 python -m kdkit.perf.profile_one BS PREFIX Q_LEN [NSPLIT [NT [NH [HEADS]]]]
 
-NSPLIT, NT (query n-tiles per block) and NH (warp halves: 2 = 16 warps) default to the plan's choice;
-0 also means the plan's choice.
+NSPLIT, NT (query n-tiles per block; 8 is the 64-row build) and NH (warp halves: 2 = 16 warps)
+default to the plan's choice; 0 also means the plan's choice. HEADS defaults to the bench's 8.
 """
 from __future__ import annotations
 
@@ -16,16 +16,35 @@ from ..backends import cuda
 from .bench import Shape, make_case
 
 
+USAGE = "usage: python -m kdkit.perf.profile_one BS PREFIX Q_LEN [NSPLIT [NT [NH [HEADS]]]]"
+
+
+def parse(argv: list[str]) -> tuple[Shape, kernel.PlanOptions]:
+    """The shape and plan options the arguments name; ValueError (with the usage line) on bad ones."""
+    if not 3 <= len(argv) <= 7:
+        raise ValueError(f"{len(argv)} arguments given, 3 to 7 expected\n{USAGE}")
+    names = ("BS", "PREFIX", "Q_LEN", "NSPLIT", "NT", "NH", "HEADS")
+    vals = []
+    for name, a in zip(names, argv):
+        try:
+            vals.append(int(a))
+        except ValueError:
+            raise ValueError(f"{name} {a!r}: not an integer\n{USAGE}") from None
+    bs, prefix, q_len = vals[:3]
+    nsplit, nt, nh, heads = (v or None for v in (vals[3:] + [0] * 4)[:4])
+    return Shape(bs, prefix, q_len, heads or Shape.heads), kernel.PlanOptions(nsplit=nsplit, nt=nt, nh=nh)
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) < 3:
-        print("usage: python -m kdkit.perf.profile_one BS PREFIX Q_LEN [NSPLIT [NT [NH]]]", file=sys.stderr)
+    try:
+        shape, opts = parse(argv)
+    except ValueError as e:
+        print(e, file=sys.stderr)
         return 2
-    bs, prefix, q_len = (int(a) for a in argv[:3])
-    nsplit, nt, nh = (int(a) or None for a in (list(argv[3:6]) + ["0"] * 3)[:3])
-    case = make_case(Shape(bs, prefix, q_len))
+    case = make_case(shape)
     x = cuda.to_device(case)
-    p = cuda.plan_case(case, x, kernel.PlanOptions(nsplit=nsplit, nt=nt, nh=nh))
+    p = cuda.plan_case(case, x, opts)
     print(p.info, flush=True)
     for _ in range(3):
         kernel.run(p, x["q"], x["k"], x["v"], x["kv_buffer"])
