@@ -90,19 +90,18 @@ def test_fused_builds_fit():
 
 
 def test_pair_builds_fit():
-    """The 64-row build (kd_pair.cuh) with 32- and 64-bit indices on both archs, and each mutant
-    of it on the target: sm_120's limits, no spills; it has no step skip, fused merge, 16 warps or
-    knockout, and a config asking for one is refused naming the field."""
+    """The 64-row build (kd_pair.cuh) with 32- and 64-bit indices on both archs, with and without
+    the fused merge, and each mutant of it on the target: sm_120's limits, no spills; it has no step
+    skip, 16 warps or knockout, and a config asking for one is refused naming the field."""
     for arch in ("sm_120", "sm_90"):
-        for idx in (torch.int32, torch.int64):
-            rep = vk.compile_report(arch, vk.KernelConfig(nt=vk.PAIR_NT, qo_t=idx, kvp_t=idx, kvi_t=idx))
+        for idx, fused in ((torch.int32, False), (torch.int64, False), (torch.int32, True), (torch.int64, True)):
+            rep = vk.compile_report(arch, vk.KernelConfig(nt=vk.PAIR_NT, qo_t=idx, kvp_t=idx, kvi_t=idx, fused=fused))
             assert rep.breaches() == [], rep.table()
             assert rep.kernels[vk.PARTIAL].spill_stores == 0 and rep.meta["rows"] == 64, rep.table()
     for mutant in sorted(mutants.MUTANTS):
         rep = vk.compile_report("sm_120", vk.KernelConfig(nt=vk.PAIR_NT, mutant=mutant))
         assert rep.breaches() == [] and rep.kernels[vk.PARTIAL].spill_stores == 0, (mutant, rep.table())
-    for field, kw in (("skip", {"skip": True}), ("fused", {"fused": True}), ("nh", {"nh": 2}),
-                      ("knockout", {"knockout": "softmax"})):
+    for field, kw in (("skip", {"skip": True}), ("nh", {"nh": 2}), ("knockout", {"knockout": "softmax"})):
         with pytest.raises(vk.ConfigError) as e:
             vk.KernelConfig(nt=vk.PAIR_NT, **kw)
         assert e.value.field == field and "64-row" in str(e.value)
@@ -325,13 +324,14 @@ def test_cli_compile(capsys):
     # kernel and with the fused merge, for each arch
     for arch in ("sm_120", "sm_90"):
         assert f"{arch}, 64 rows per block (KD_NT={vk.PAIR_NT}):\n{arch}  mla_tc-nt{vk.PAIR_NT}-" in out
+        assert f"{arch}, 64 rows per block (KD_NT={vk.PAIR_NT}), fused merge (KD_FUSED=1):\n{arch}  mla_tc-nt{vk.PAIR_NT}-" in out
         for nt in vk.TC_NT_CHOICES:
             assert f"{arch}, {8 * nt} rows per block (KD_NT={nt}):\n{arch}  mla_tc-nt{nt}-" in out
             assert f"{arch}, {8 * nt} rows per block (KD_NT={nt}), step skip (KD_SKIP=1):\n{arch}  mla_tc-nt{nt}-" in out
             assert f"{arch}, {8 * nt} rows per block (KD_NT={nt}), fused merge (KD_FUSED=1):\n{arch}  mla_tc-nt{nt}-" in out
             if nt <= vk.GATHER_MAX_NT:
                 assert f"{arch}, {8 * nt} rows per block (KD_NT={nt}), column gather (KD_SKIP=2):" in out
-    assert out.count("fits sm_120 limits: yes") == 2 * (2 * (2 * len(vk.TC_NT_CHOICES) + vk.GATHER_MAX_NT) + 1)
+    assert out.count("fits sm_120 limits: yes") == 2 * 2 * (2 * len(vk.TC_NT_CHOICES) + vk.GATHER_MAX_NT + 1)
     assert main(["compile", "--arch", "sm_120", "--rows", "40"]) == 0
     out = capsys.readouterr().out
     assert out.count("rows per block") == 4 and "40 rows per block (KD_NT=5)" in out

@@ -110,6 +110,9 @@ def test_the_fused_merge_is_taken_where_the_splits_are_few_and_the_grid_fits():
     assert not mode(65, 130, 132, None) and not mode(33, 66, 132, None)
     assert not schedule.wants_fused(65, None) and schedule.wants_fused(65, True) and schedule.wants_fused(few, None)
     assert schedule.wants_fused(65, "last") and not schedule.wants_fused(few, False)
+    # the 64-row build: the merge kernel unless asked (its waiting split blocks measured slower)
+    assert not schedule.wants_fused(few, None, pair=True) and not mode(few, 2 * few, 132, None, pair=True)
+    assert mode(few, 2 * few, 132, True, pair=True) == "wait" and mode(few, 2 * few, 132, "last", pair=True) == "last"
 
 
 def test_fused_takes_only_its_choices():

@@ -158,7 +158,7 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
     nt, ns, skip = schedule.choose_launch(sizes["bs"], rows, sizes["max_q_len"], sizes["max_kv_len"], sm_count,
                                           total_rows, custom_mask is not None, nt=nt, nh=nh, skip=o.skip,
                                           nsplit=o.nsplit, nt_fixed=o.nt is not None,
-                                          pair=o.knockout is None and o.fused in (None, False),
+                                          pair=o.knockout is None,
                                           request_rows=sizes["max_q_len"] * H)
     idx = dict(qo_t=qo_indptr.dtype, kvp_t=kv_indptr.dtype, kvi_t=kv_indices.dtype,
                pfx_t=prefix_lens.dtype if prefix_lens is not None else torch.int64,
@@ -181,17 +181,15 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
                          "these rows); use fewer splits (nsplit=None chooses)")
     grid = (blocks, ns, sizes["bs"])
     fused = False  # or the fused merge's way to meet: "wait" (cooperative) or "last" (schedule.merge_mode)
-    require(cfg.nt != spec.PAIR_NT or o.fused in (None, False), "fused",
-            f"{o.fused!r} with nt={spec.PAIR_NT}: the 64-row build merges its splits with the merge kernel "
-            "(fused None or False, or nt in " + str(spec.TC_NT_CHOICES) + ")")
-    if T > 0 and cfg.nt != spec.PAIR_NT and schedule.wants_fused(ns, o.fused):
+    pair = cfg.nt == spec.PAIR_NT
+    if T > 0 and schedule.wants_fused(ns, o.fused, pair):
         fcfg = replace(cfg, fused=True)
         mod, meta, raw, partial, merge = _load(fcfg)
         need, resident = grid[0] * grid[1] * grid[2], _resident(partial, meta, sm_count)
         require(need <= resident or o.fused != "wait", "fused",
                 f"'wait', but the grid's {need} blocks exceed the {resident} this GPU holds at once; use "
                 "fewer splits, 'last' (the last split block merges), or None (the plan's choice)")
-        fused = schedule.merge_mode(ns, need, resident, o.fused)
+        fused = schedule.merge_mode(ns, need, resident, o.fused, pair)
         if fused:
             cfg = fcfg
     if not cfg.fused:

@@ -62,11 +62,11 @@ def build_matrix(rows: int | None = None) -> list[tuple[int, object, bool]]:
     with the step skip (schedule.choose_skip: deep trees at a short prefix), and with the column
     gather where its column list fits (nt <= GATHER_MAX_NT); each of those with the merge kernel and
     with the fused merge (plan(): where the plan splits and its grid fits the GPU at once). The
-    64-row build (PAIR_NT) has neither skip nor fused merge: one build."""
+    64-row build (PAIR_NT) has no skip: two builds."""
     nts = [rows // ROWS_PER_NT] if rows else list(NT_CHOICES)
     return [(nt, skip, fused) for nt in nts
             for skip in ((False,) if nt == PAIR_NT else (False, True, "gather") if nt <= GATHER_MAX_NT else (False, True))
-            for fused in ((False,) if nt == PAIR_NT else (False, True))]
+            for fused in (False, True)]
 
 
 def row_choices() -> list[int]:

@@ -5,12 +5,12 @@ these say HOW, and are the same for every batch of a run, so a caller builds the
 
 - tuning: `nsplit, nt, nh, skip` (None: the planner's choice, kdkit/kernel/schedule.py; nt 1-5:
   8-40 query rows a block of mla_tc.cu's partial kernel, nt 8: the 64-row build of kd_pair.cuh,
-  which has 8 warps, no step skip and no fused merge) and
+  which has 8 warps and no step skip) and
   `fused` (the split blocks merge in place, one launch and no merge kernel: "wait", each split
   block waits for its siblings and merges its share, a cooperative launch whose grid must fit the
   GPU at once; "last", the last split block of a row block to finish merges it, any grid; True:
   the plan picks the way; None: "wait" where the plan splits few enough and the grid fits, else
-  the merge kernel, schedule.merge_mode);
+  the merge kernel, schedule.merge_mode; the 64-row build takes the merge kernel unless asked);
 - negative controls: `mutant` (a wrong build the judge must catch, kdkit/mutants.py) and `knockout`
   (a timing-only build with one part off, kdkit/kernel/knockouts.py): both wrong by design;
 - graph hints: `check` (False: read nothing from the device, for planning inside CUDA-graph

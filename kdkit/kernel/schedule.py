@@ -112,19 +112,24 @@ def modelled_us(bs: int, blocks: int, max_kv_len: int, nt: int, nsplit: int, sm_
 # short, and waiting for its slowest sibling and then one row's chain over every split outweigh the
 # second launch.
 FUSED_MAX_SPLITS = 16
+# The 64-row build has the fused merge too (kd_fused.cuh), but not by default: its split blocks
+# waiting for each other measured 1.04-1.05x the merge kernel's time at q_len 64 (1 x 32K H 8 and
+# 16, 8 x 8K H 8; graph replay, benchmarks/LOG.md, 2026-12-04), where a call's 150-300 us dwarf the
+# second launch's host cost. Asked for (True, "wait", "last"), it is taken.
 # PlanOptions.fused: None (the plan's), False (the merge kernel), True (fused, the plan's way),
 # "wait" / "last" (fused, that way: merge_mode)
 FUSED_CHOICES = (None, False, True, "wait", "last")
 
 
-def wants_fused(nsplit: int, choice) -> bool:
+def wants_fused(nsplit: int, choice, pair: bool = False) -> bool:
     """Whether a plan of `nsplit` splits tries the fused merge at all (before its build is loaded to
     ask how many of its blocks the GPU holds): never for one split or where `choice` is False; by
-    default (None) up to FUSED_MAX_SPLITS splits; asked for (True, "wait", "last") at any count."""
-    return nsplit > 1 and choice is not False and (choice is not None or nsplit <= FUSED_MAX_SPLITS)
+    default (None) up to FUSED_MAX_SPLITS splits, but never in the 64-row build (`pair`); asked for
+    (True, "wait", "last") at any count."""
+    return nsplit > 1 and choice is not False and (choice is not None or (not pair and nsplit <= FUSED_MAX_SPLITS))
 
 
-def merge_mode(nsplit: int, blocks: int, resident: int, choice):
+def merge_mode(nsplit: int, blocks: int, resident: int, choice, pair: bool = False):
     """How a launch of `blocks` blocks over `nsplit` splits merges them: False (the merge kernel, a
     second launch) or fused in one launch, "wait" (every split block waits for its siblings and
     merges its share: a cooperative launch, so the grid must fit the GPU at once, `resident` being
@@ -133,8 +138,9 @@ def merge_mode(nsplit: int, blocks: int, resident: int, choice):
     and the grid fits, else the merge kernel: "last" measured 2-3% slower at q_len 257 and up to 26%
     at 8 x 8K (benchmarks/LOG.md, 2026-12-04), one block's chain over every row of its row block, so
     it is taken only when asked for (True where the grid does not fit, or "last"); "wait" asked for
-    is taken as given (plan() refuses it where the grid does not fit)."""
-    if not wants_fused(nsplit, choice):
+    is taken as given (plan() refuses it where the grid does not fit). pair: the 64-row build, the
+    merge kernel by default (wants_fused)."""
+    if not wants_fused(nsplit, choice, pair):
         return False
     if choice in ("wait", "last"):
         return choice
@@ -240,7 +246,7 @@ def choose_launch(bs: int, rows: int, max_q_len: int, max_kv_len: int, sm_count:
     and the fewest blocks). At 1 x 21, q_len 257, H 8 that is 16 rows, 129 blocks in one wave,
     modelled 15.1 us against 21.3 at 8 rows in two waves (NOT yet measured: 8 rows took 18.9 us).
     nt_fixed: the caller fixed nt (default: nt is not None). pair: the 64-row build may be chosen
-    (wants_pair; plan() says no where a knockout or a fused merge is asked for, which it lacks).
+    (wants_pair; plan() says no where a knockout is asked for, which it lacks).
     rows: the grid's rows per request (max_q_len x H, the grid's max_q_len, which may be all T
     tokens of a call); request_rows: the longest request's (default rows), which wants_pair weighs:
     many short requests under a grid sized for T do not make a request of many rows."""

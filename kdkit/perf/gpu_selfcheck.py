@@ -23,11 +23,13 @@ RUN = {"one-split": {"nsplit": 1}, "many-splits": {"nsplit": 256}, "ragged-prefi
 # run again with each of these options: 256 splits merged by the last split block of each row block
 # (fused "last", a grid no GPU holds at once) beside the merge kernel of the first run; the 64-row
 # build (kd_pair.cuh: named barriers between warp pairs) writing the output itself, through
-# the merge kernel, over 64-bit indices and a uint8 mask, causal with a cap, and on a deep tree
+# the merge kernel and through both ways of the fused merge, over 64-bit indices and a uint8 mask,
+# causal with a cap, and on a deep tree
 PAIR = {"nt": PAIR_NT}
-AGAIN = {"many-splits": ({"nsplit": 256, "fused": "last"}, {**PAIR, "nsplit": 16}),
+AGAIN = {"many-splits": ({"nsplit": 256, "fused": "last"}, {**PAIR, "nsplit": 16},
+                         {**PAIR, "nsplit": 16, "fused": "last"}),
          "one-split": ({**PAIR, "nsplit": 1},), "ragged-prefix-0": (PAIR,), "h128-uint8-mask-int64-idx": (PAIR,),
-         "causal-no-mask-capped": ({**PAIR, "nsplit": 2},), "q1025-h1": (PAIR,)}
+         "causal-no-mask-capped": ({**PAIR, "nsplit": 2}, {**PAIR, "nsplit": 2, "fused": True}), "q1025-h1": (PAIR,)}
 
 
 def cases():

@@ -36,8 +36,8 @@
 #define KP_M_FLOOR (-3.40282347e38f)     // a row's max before any score (see mla_tc.cu's KD_M_FLOOR)
 
 static_assert(KP_SMEM_BYTES <= KD_SMEM_LIMIT, "shared memory per block exceeds sm_120's 99 KB");
-static_assert(KD_NT == 8 && KD_NH == 1 && KD_SKIP == 0 && KD_FUSED == 0 && KD_KO == 0,
-              "the 64-row build: 8 n-tiles' rows, 8 warps, no step skip, fused merge or knockout");
+static_assert(KD_NT == 8 && KD_NH == 1 && KD_SKIP == 0 && KD_KO == 0,
+              "the 64-row build: 8 n-tiles' rows, 8 warps, no step skip or knockout");
 static_assert(KD_DL == 512 && KD_DR == 64, "each half: 16 latent and 2 rope k-steps, 256 output dims");
 static_assert(KP_THREADS == KD_BN * 8, "the loader: 8 threads a KV row of a step");
 static_assert(KD_MUT_V_DIM0 % 64 == 0 && KD_MUT_V_DIM0 + KD_DL <= KP_D, "V's window keeps the swizzle groups, in the row");
@@ -325,4 +325,8 @@ extern "C" __global__ void __launch_bounds__(KP_THREADS, 1) kd_mla_tc_partial(co
       if (half == 0 && t == 0) p.lse_part[static_cast<kd_i64>(split) * p.total_rows + grow] = lse;
     }
   }
+  // the fused merge (KD_FUSED builds, more than one split): the split blocks merge their row block's
+  // rows in place (kd_fused.cuh), so run() is one launch; its weights take the ring's first 8 KB
+  static_assert(KP_THREADS / 32 * KD_MAX_SPLITS * 4 <= KP_OFF_X, "the fused merge's weights fit the ring");
+  if (KD_FUSED && !direct) kd_fused_merge<KP_THREADS / 32>(p, smem, tid, warp, lane, nrows, qs, H, false);
 }
