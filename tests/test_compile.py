@@ -324,7 +324,8 @@ def test_cli_compile(capsys):
     # kernel and with the fused merge, for each arch
     for arch in ("sm_120", "sm_90"):
         assert f"{arch}, 64 rows per block (KD_NT={vk.PAIR_NT}):\n{arch}  mla_tc-nt{vk.PAIR_NT}-" in out
-        assert f"{arch}, 64 rows per block (KD_NT={vk.PAIR_NT}), fused merge (KD_FUSED=1):\n{arch}  mla_tc-nt{vk.PAIR_NT}-" in out
+        pair_fused = f"{arch}, 64 rows per block (KD_NT={vk.PAIR_NT}), fused merge (KD_FUSED=1):\n"
+        assert f"{pair_fused}{arch}  mla_tc-nt{vk.PAIR_NT}-" in out
         for nt in vk.TC_NT_CHOICES:
             assert f"{arch}, {8 * nt} rows per block (KD_NT={nt}):\n{arch}  mla_tc-nt{nt}-" in out
             assert f"{arch}, {8 * nt} rows per block (KD_NT={nt}), step skip (KD_SKIP=1):\n{arch}  mla_tc-nt{nt}-" in out

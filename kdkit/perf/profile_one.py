@@ -1,6 +1,7 @@
 """One shape through kdkit's kernel a few times, for a profiler:
 
-    ncu --clock-control none -k regex:kd_mla_tc -c 2 python -m kdkit.perf.profile_one BS PREFIX Q_LEN [NSPLIT [NT [NH [HEADS]]]]
+    ncu --clock-control none -k regex:kd_mla_tc -c 2 \
+        python -m kdkit.perf.profile_one BS PREFIX Q_LEN [NSPLIT [NT [NH [HEADS]]]]
 
 NSPLIT, NT (query n-tiles per block; 8 is the 64-row build) and NH (warp halves: 2 = 16 warps)
 default to the plan's choice; 0 also means the plan's choice. HEADS defaults to the bench's 8.

@@ -17,7 +17,8 @@
 // copied in): a step is one warp's QK, exchange, softmax and PV in turn, no phase waits for the
 // other row groups. Visibility, layouts, the logit cap, the split partials
 // and every mutant hook are mla_tc.cu's, so the judge, the merge and the negative controls apply
-// unchanged. No step skip, fused merge or knockout (spec.KernelConfig refuses them with KD_PAIR).
+// unchanged. No step skip or knockout (spec.KernelConfig refuses them with KD_PAIR); the fused merge,
+// when asked for, is kd_fused.cuh's, at the end.
 #pragma once
 
 #define KD_BN 32                         // KV rows per step (the mutants' KV_LEN hooks read it)
