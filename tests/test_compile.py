@@ -92,7 +92,7 @@ def test_fused_builds_fit():
 def test_pair_builds_fit():
     """The 64-row build (kd_pair.cuh) with 32- and 64-bit indices on both archs, with and without
     the fused merge, and each mutant of it on the target: sm_120's limits, no spills; it has no step
-    skip, 16 warps or knockout, and a config asking for one is refused naming the field."""
+    skip or 16 warps, and a config asking for one is refused naming the field."""
     for arch in ("sm_120", "sm_90"):
         for idx, fused in ((torch.int32, False), (torch.int64, False), (torch.int32, True), (torch.int64, True)):
             rep = vk.compile_report(arch, vk.KernelConfig(nt=vk.PAIR_NT, qo_t=idx, kvp_t=idx, kvi_t=idx, fused=fused))
@@ -101,7 +101,7 @@ def test_pair_builds_fit():
     for mutant in sorted(mutants.MUTANTS):
         rep = vk.compile_report("sm_120", vk.KernelConfig(nt=vk.PAIR_NT, mutant=mutant))
         assert rep.breaches() == [] and rep.kernels[vk.PARTIAL].spill_stores == 0, (mutant, rep.table())
-    for field, kw in (("skip", {"skip": True}), ("nh", {"nh": 2}), ("knockout", {"knockout": "softmax"})):
+    for field, kw in (("skip", {"skip": True}), ("nh", {"nh": 2})):
         with pytest.raises(vk.ConfigError) as e:
             vk.KernelConfig(nt=vk.PAIR_NT, **kw)
         assert e.value.field == field and "64-row" in str(e.value)
@@ -113,13 +113,19 @@ def test_knockouts_are_timing_only_builds_named_in_their_key():
     from the kernel's (the hook acts); the kernel's own build defines no KD_KO. An unknown name is
     refused with the field named."""
     from kdkit.kernel import knockouts
-    assert "KD_KO" not in vk.KernelConfig(nt=5).defines()
-    kernel_ptx = vk.build(vk.KernelConfig(nt=5), "sm_120").ptx
-    for name in knockouts.KNOCKOUTS:
-        rep = vk.compile_report("sm_120", vk.KernelConfig(nt=5, knockout=name))
-        assert rep.breaches() == [], (name, rep.table())
-        assert f"-ko-{name}-" in rep.key
-        assert vk.build(vk.KernelConfig(nt=5, knockout=name), "sm_120").ptx != kernel_ptx, name
+    for nt in (5, vk.PAIR_NT):  # the 40-row build and the 64-row build (which has three of its own)
+        assert "KD_KO" not in vk.KernelConfig(nt=nt).defines()
+        kernel_ptx = vk.build(vk.KernelConfig(nt=nt), "sm_120").ptx
+        for name in knockouts.KNOCKOUTS:
+            if name in knockouts.PAIR_ONLY and nt != vk.PAIR_NT:
+                with pytest.raises(vk.ConfigError, match=f"knockout '{name}' with nt={nt}: .*64-row") as e:
+                    vk.KernelConfig(nt=nt, knockout=name)
+                assert e.value.field == "knockout"
+                continue
+            rep = vk.compile_report("sm_120", vk.KernelConfig(nt=nt, knockout=name))
+            assert rep.breaches() == [], (name, nt, rep.table())
+            assert f"-ko-{name}-" in rep.key
+            assert vk.build(vk.KernelConfig(nt=nt, knockout=name), "sm_120").ptx != kernel_ptx, (name, nt)
     with pytest.raises(vk.ConfigError, match="knockout 'nope': choose one of") as e:
         vk.KernelConfig(knockout="nope")
     assert e.value.field == "knockout"

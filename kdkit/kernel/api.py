@@ -158,7 +158,6 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
     nt, ns, skip = schedule.choose_launch(sizes["bs"], rows, sizes["max_q_len"], sizes["max_kv_len"], sm_count,
                                           total_rows, custom_mask is not None, nt=nt, nh=nh, skip=o.skip,
                                           nsplit=o.nsplit, nt_fixed=o.nt is not None,
-                                          pair=o.knockout is None,
                                           request_rows=sizes["max_q_len"] * H)
     idx = dict(qo_t=qo_indptr.dtype, kvp_t=kv_indptr.dtype, kvi_t=kv_indices.dtype,
                pfx_t=prefix_lens.dtype if prefix_lens is not None else torch.int64,

@@ -22,7 +22,12 @@ KNOCKOUTS = {
     # bounds what any overlap of the parts (inside this design) can reach
     "mma-only": (8, "no loads and no softmax work: the step's MMAs, their ldmatrix, score stores and barriers"),
     "no-mma": (9, "no QK and no PV: the step's loads, softmax and barriers"),
+    # the 64-row build's own (kd_pair.cuh): the parts its step has and the other builds' do not
+    "exchange": (10, "no pair exchange: each warp of a pair keeps its half's partial scores (64-row build)"),
+    "barrier": (11, "no block barrier in the KV loop; the copies are still waited for (64-row build)"),
+    "ldsm": (12, "no ldmatrix in QK or PV: the MMAs take their B operands from registers (64-row build)"),
 }
+PAIR_ONLY = frozenset({"exchange", "barrier", "ldsm"})  # spec.KernelConfig refuses them below nt=PAIR_NT
 
 
 def defines(name: str | None) -> dict:

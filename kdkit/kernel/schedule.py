@@ -246,7 +246,7 @@ def choose_launch(bs: int, rows: int, max_q_len: int, max_kv_len: int, sm_count:
     and the fewest blocks). At 1 x 21, q_len 257, H 8 that is 16 rows, 129 blocks in one wave,
     modelled 15.1 us against 21.3 at 8 rows in two waves (NOT yet measured: 8 rows took 18.9 us).
     nt_fixed: the caller fixed nt (default: nt is not None). pair: the 64-row build may be chosen
-    (wants_pair; plan() says no where a knockout is asked for, which it lacks).
+    (wants_pair).
     rows: the grid's rows per request (max_q_len x H, the grid's max_q_len, which may be all T
     tokens of a call); request_rows: the longest request's (default rows), which wants_pair weighs:
     many short requests under a grid sized for T do not make a request of many rows."""

@@ -74,8 +74,8 @@ class KernelConfig:
         if self.skip == "gather" and self.nt > GATHER_MAX_NT:
             raise ConfigError("skip", f"skip='gather' with nt={self.nt}: the column list fits in shared memory up to "
                              f"nt={GATHER_MAX_NT} (use skip=True, the step skip, at {self.nt} n-tiles)")
-        if self.nt == PAIR_NT:  # kd_pair.cuh has 8 warps, no step skip or knockout hooks
-            for name, value, ok in (("nh", self.nh, 1), ("skip", self.skip, False), ("knockout", self.knockout, None)):
+        if self.nt == PAIR_NT:  # kd_pair.cuh has 8 warps and no step skip
+            for name, value, ok in (("nh", self.nh, 1), ("skip", self.skip, False)):
                 if value != ok:
                     raise ConfigError(name, f"{name}={value!r} with nt={PAIR_NT}: the 64-row build runs with "
                                       f"{name}={ok!r} only (choose nt in {TC_NT_CHOICES} for it)")
@@ -84,6 +84,10 @@ class KernelConfig:
             knockouts.defines(self.knockout)
         except ValueError as e:
             raise ConfigError("knockout", str(e)) from None
+        if self.knockout in knockouts.PAIR_ONLY and self.nt != PAIR_NT:
+            raise ConfigError("knockout", f"knockout {self.knockout!r} with nt={self.nt}: it switches off a part of "
+                              f"the 64-row build's step only (nt={PAIR_NT}; plan() takes it at deep trees over a "
+                              "long prefix, or pass nt=8)")
 
     @property
     def rows(self) -> int:

@@ -17,8 +17,9 @@
 // copied in): a step is one warp's QK, exchange, softmax and PV in turn, no phase waits for the
 // other row groups. Visibility, layouts, the logit cap, the split partials
 // and every mutant hook are mla_tc.cu's, so the judge, the merge and the negative controls apply
-// unchanged. No step skip or knockout (spec.KernelConfig refuses them with KD_PAIR); the fused merge,
-// when asked for, is kd_fused.cuh's, at the end.
+// unchanged; so are the knockouts (kd_knockouts.cuh), with three of this build's own: the pair's
+// exchange, the block barrier, the ldmatrix. No step skip (spec.KernelConfig refuses it with
+// KD_PAIR); the fused merge, when asked for, is kd_fused.cuh's, at the end.
 #pragma once
 
 #define KD_BN 32                         // KV rows per step (the mutants' KV_LEN hooks read it)
@@ -37,8 +38,7 @@
 #define KP_M_FLOOR (-3.40282347e38f)     // a row's max before any score (see mla_tc.cu's KD_M_FLOOR)
 
 static_assert(KP_SMEM_BYTES <= KD_SMEM_LIMIT, "shared memory per block exceeds sm_120's 99 KB");
-static_assert(KD_NT == 8 && KD_NH == 1 && KD_SKIP == 0 && KD_KO == 0,
-              "the 64-row build: 8 n-tiles' rows, 8 warps, no step skip or knockout");
+static_assert(KD_NT == 8 && KD_NH == 1 && KD_SKIP == 0, "the 64-row build: 8 n-tiles' rows, 8 warps, no step skip");
 static_assert(KD_DL == 512 && KD_DR == 64, "each half: 16 latent and 2 rope k-steps, 256 output dims");
 static_assert(KP_THREADS == KD_BN * 8, "the loader: 8 threads a KV row of a step");
 static_assert(KD_MUT_V_DIM0 % 64 == 0 && KD_MUT_V_DIM0 + KD_DL <= KP_D, "V's window keeps the swizzle groups, in the row");
@@ -49,6 +49,7 @@ extern "C" __device__ int kd_meta_rows = KP_NQ;
 extern "C" __device__ int kd_meta_block_n = KD_BN;
 
 extern "C" __global__ void __launch_bounds__(KP_THREADS, 1) kd_mla_tc_partial(const KdParams p) {
+  if (KD_KO == KD_KO_ENTRY) return;
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;  // MMA fragment coordinates
@@ -154,14 +155,14 @@ extern "C" __global__ void __launch_bounds__(KP_THREADS, 1) kd_mla_tc_partial(co
   const float scale_log2 = scale * KD_LOG2E;
   const float cap = p.logit_cap;
 
-  for (int k = 0; k < nsteps; ++k) {
+  for (int k = 0; KD_KO != KD_KO_LOOP && k < nsteps; ++k) {
     // the step's one block barrier: tile k landed for every thread, and every warp is done with
     // tile k - 1, whose slot takes tile k + 1 now
-    kd::cp_async_wait<0>();
-    __syncthreads();
+    if (KD_KO != KD_KO_COPY_WAIT) kd::cp_async_wait<0>();
+    if (KD_KO != KD_KO_BARRIER) __syncthreads();
     const bool last = k + 1 == nsteps;
-    if (!last) copy_step(k + 1, idx1);
-    idx1 = fetch_index(k + 2);
+    if (!last && !KD_KO_NO_LOADS) copy_step(k + 1, idx1);
+    if (!KD_KO_NO_LOADS) idx1 = fetch_index(k + 2);
     const int start = kv_begin + k * KD_BN;
     const kd_u32 tile_s = s_ring + KD_MUT_READ_STAGE(k & 1, last) * KP_STAGE_BYTES + lane_base;
 
@@ -195,13 +196,18 @@ extern "C" __global__ void __launch_bounds__(KP_THREADS, 1) kd_mla_tc_partial(co
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
 #pragma unroll
-    for (int ks = 0; ks < KP_KS; ++ks) {
+    for (int ks = 0; ks < KP_KS && !KD_KO_NO_QK; ++ks) {
       const int d = ks < 16 ? (KD_DL / 2) * half + 16 * ks : KD_DL + 32 * half + 16 * (ks - 16);
       if (KD_MUT_QK_DIMS(KP_D) < KP_D && d >= KD_MUT_QK_DIMS(KP_D)) continue;
       kd_u32 b0[4], b1[4];
       const kd_u32 o_ks = ks < 16 ? off[ks & 3] + 128 * (ks >> 2) : rope[ks - 16];
-      kd::ldsm_x4(tile_s + o_ks, b0);                 // KV 0..15
-      kd::ldsm_x4(tile_s + 16 * KP_ROWB + o_ks, b1);  // KV 16..31
+      if (KD_KO == KD_KO_LDSM) {  // (operands that change each step, so the MMAs stay in the loop)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) b0[i] = tile_s + o_ks + i, b1[i] = tile_s + o_ks + 4 + i;
+      } else {
+        kd::ldsm_x4(tile_s + o_ks, b0);                 // KV 0..15
+        kd::ldsm_x4(tile_s + 16 * KP_ROWB + o_ks, b1);  // KV 16..31
+      }
       kd::mma_bf16(s[0], qa[ks], b0[0], b0[1]);
       kd::mma_bf16(s[1], qa[ks], b0[2], b0[3]);
       kd::mma_bf16(s[2], qa[ks], b1[0], b1[1]);
@@ -209,60 +215,68 @@ extern "C" __global__ void __launch_bounds__(KP_THREADS, 1) kd_mla_tc_partial(co
     }
     // the pair's partial scores meet: both warps add the same two fp32 values (the peer's next
     // write is behind the next step's block barrier, after this read)
+    if (KD_KO != KD_KO_EXCHANGE) {
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt) kd::st_shared4(x_mine + nt * 32 * 16, s[nt][0], s[nt][1], s[nt][2], s[nt][3]);
-    kd::bar_sync(1 + rg, 64);
+      for (int nt = 0; nt < 4; ++nt) kd::st_shared4(x_mine + nt * 32 * 16, s[nt][0], s[nt][1], s[nt][2], s[nt][3]);
+      kd::bar_sync(1 + rg, 64);
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-      const float4 v = kd::ld_shared4(x_peer + nt * 32 * 16);
-      s[nt][0] += v.x; s[nt][1] += v.y; s[nt][2] += v.z; s[nt][3] += v.w;
+      for (int nt = 0; nt < 4; ++nt) {
+        const float4 v = kd::ld_shared4(x_peer + nt * 32 * 16);
+        s[nt][0] += v.x; s[nt][1] += v.y; s[nt][2] += v.z; s[nt][3] += v.w;
+      }
     }
 
     // online softmax in log2 units, a row's four lanes (a quad) together; hidden scores are -inf.
     // The max moves only when a score passes it by KP_MAX_SLACK (then p <= 2^8, fine in bf16), so
-    // most steps rescale nothing
-    if (cap > 0.f) {  // (one branch for the cap, not one per score: uniform)
+    // most steps rescale nothing. (Knocked out: P is the raw scores, so QK and the exchange stay.)
+    kd_u32 pa[2][4];  // P (bf16) as the A fragments of PV's k-steps (KV 0..15, 16..31)
+    if (KD_KO_NO_SOFTMAX) {
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) s[nt][i] = cap * tanhf(s[nt][i] * scale / cap) * KD_LOG2E;
+        pa[nt >> 1][(nt & 1) * 2] = kd::pack_bf16(s[nt][0], s[nt][1]), pa[nt >> 1][(nt & 1) * 2 + 1] = kd::pack_bf16(s[nt][2], s[nt][3]);
     } else {
+      if (cap > 0.f) {  // (one branch for the cap, not one per score: uniform)
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) s[nt][i] = cap * tanhf(s[nt][i] * scale / cap) * KD_LOG2E;
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) s[nt][i] *= scale_log2;
+      }
+      float mx[2] = {-KD_INF, -KD_INF};
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) s[nt][i] *= scale_log2;
-    }
-    float mx[2] = {-KD_INF, -KD_INF};
+        for (int i = 0; i < 4; ++i) {
+          s[nt][i] = (vis >> (4 * nt + i)) & 1u ? s[nt][i] : -KD_INF;
+          mx[i >> 1] = fmaxf(mx[i >> 1], s[nt][i]);
+        }
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
+      for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      }
+      const bool mv0 = mx[0] > m_run[0] + KP_MAX_SLACK, mv1 = mx[1] > m_run[1] + KP_MAX_SLACK;
+      if (__any_sync(0xffffffffu, mv0 || mv1)) {  // rare after the first steps
+        float a0 = 1.f, a1 = 1.f;
+        if (mv0) { a0 = kd::fast_exp2(m_run[0] - mx[0]); m_run[0] = mx[0]; l_run[0] *= a0; }
+        if (mv1) { a1 = kd::fast_exp2(m_run[1] - mx[1]); m_run[1] = mx[1]; l_run[1] *= a1; }
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        s[nt][i] = (vis >> (4 * nt + i)) & 1u ? s[nt][i] : -KD_INF;
-        mx[i >> 1] = fmaxf(mx[i >> 1], s[nt][i]);
+        for (int j = 0; j < KP_NTV; ++j) { o[j][0] *= a0; o[j][1] *= a0; o[j][2] *= a1; o[j][3] *= a1; }
       }
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-    }
-    const bool mv0 = mx[0] > m_run[0] + KP_MAX_SLACK, mv1 = mx[1] > m_run[1] + KP_MAX_SLACK;
-    if (__any_sync(0xffffffffu, mv0 || mv1)) {  // rare after the first steps
-      float a0 = 1.f, a1 = 1.f;
-      if (mv0) { a0 = kd::fast_exp2(m_run[0] - mx[0]); m_run[0] = mx[0]; l_run[0] *= a0; }
-      if (mv1) { a1 = kd::fast_exp2(m_run[1] - mx[1]); m_run[1] = mx[1]; l_run[1] *= a1; }
-#pragma unroll
-      for (int j = 0; j < KP_NTV; ++j) { o[j][0] *= a0; o[j][1] *= a0; o[j][2] *= a1; o[j][3] *= a1; }
-    }
-    kd_u32 pa[2][4];  // P (bf16) as the A fragments of PV's k-steps (KV 0..15, 16..31)
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-      const float p0 = kd::fast_exp2(s[nt][0] - m_run[0]), p1 = kd::fast_exp2(s[nt][1] - m_run[0]);
-      const float p2 = kd::fast_exp2(s[nt][2] - m_run[1]), p3 = kd::fast_exp2(s[nt][3] - m_run[1]);
-      l_run[0] += p0 + p1;
-      l_run[1] += p2 + p3;
-      pa[nt >> 1][(nt & 1) * 2] = kd::pack_bf16(p0, p1);
-      pa[nt >> 1][(nt & 1) * 2 + 1] = kd::pack_bf16(p2, p3);
-    }
+      for (int nt = 0; nt < 4; ++nt) {
+        const float p0 = kd::fast_exp2(s[nt][0] - m_run[0]), p1 = kd::fast_exp2(s[nt][1] - m_run[0]);
+        const float p2 = kd::fast_exp2(s[nt][2] - m_run[1]), p3 = kd::fast_exp2(s[nt][3] - m_run[1]);
+        l_run[0] += p0 + p1;
+        l_run[1] += p2 + p3;
+        pa[nt >> 1][(nt & 1) * 2] = kd::pack_bf16(p0, p1);
+        pa[nt >> 1][(nt & 1) * 2 + 1] = kd::pack_bf16(p2, p3);
+      }
+    }  // (the softmax's knockout)
 
     // sglang layout: the draft rows' V comes from v, copied over the tile's first 512 dims once
     // every warp's QK has read them (block-uniform: the steps that reach the draft)
@@ -283,16 +297,24 @@ extern "C" __global__ void __launch_bounds__(KP_THREADS, 1) kd_mla_tc_partial(co
     // PV: the half's 256 output dims, 16 at a time (one ldmatrix.x4.trans: two n-tiles' B)
     const kd_u32 v_s = tile_s + KD_MUT_V_DIM0 * 2;
 #pragma unroll
-    for (int kk = 0; kk < 2; ++kk) {
+    for (int kk = 0; kk < 2 && !KD_KO_NO_PV; ++kk) {
 #pragma unroll
       for (int jp = 0; jp < KP_NTV / 2; ++jp) {
         kd_u32 bv[4];
-        kd::ldsm_x4_trans(v_s + kk * 16 * KP_ROWB + off[jp & 3] + 128 * (jp >> 2), bv);
+        const kd_u32 a = v_s + kk * 16 * KP_ROWB + off[jp & 3] + 128 * (jp >> 2);
+        if (KD_KO == KD_KO_LDSM)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) bv[i] = a + i;
+        else
+          kd::ldsm_x4_trans(a, bv);
         kd::mma_bf16(o[2 * jp], pa[kk], bv[0], bv[2]);
         kd::mma_bf16(o[2 * jp + 1], pa[kk], bv[1], bv[3]);
       }
     }
   }
+
+  // (the knockouts that leave copies in flight land them before the fused merge reuses the ring)
+  if (KD_KO == KD_KO_LOOP || KD_KO == KD_KO_COPY_WAIT) kd::cp_async_wait<0>();
 
   // ---- epilogue: each row's sum over its quad; one split: the output (bf16) and the LSE; else
   // the split's partial row (normalised, fp32) and its LSE. A row that saw nothing (an empty split)
