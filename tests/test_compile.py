@@ -111,7 +111,7 @@ def test_knockouts_are_timing_only_builds_named_in_their_key():
     """Each knockout (kdkit/kernel/knockouts.py: one part of the kernel switched off, to time what
     the part costs) builds within sm_120's limits, its module key names it, and its code differs
     from the kernel's (the hook acts); the kernel's own build defines no KD_KO. An unknown name is
-    refused with the field named."""
+    refused with the field named, and so is one of the 64-row build's own three in another build."""
     from kdkit.kernel import knockouts
     for nt in (5, vk.PAIR_NT):  # the 40-row build and the 64-row build (which has three of its own)
         assert "KD_KO" not in vk.KernelConfig(nt=nt).defines()
@@ -153,10 +153,9 @@ def test_choose_launch_takes_the_64_row_build_for_requests_of_many_rows():
     """The 64-row build where the longest request has at least PAIR_MIN_ROWS rows over at least
     PAIR_MIN_KV KV rows, with no skip build chosen; not for many short requests under a grid sized
     for all of a call's tokens (plan() without max_q_len), not at a short KV, not at 16 warps, and
-    not where the caller fixed the block size or plan() rules it out (pair=False)."""
+    not where the caller fixed the block size."""
     q64 = 64 * 8  # 1 x 32K, q_len 64, H 8: the fewest rows measured
     assert schedule.choose_launch(1, q64, 64, 32768 + 64, 132, q64, True)[0] == vk.PAIR_NT
-    assert schedule.choose_launch(1, q64, 64, 32768 + 64, 132, q64, True, pair=False)[0] != vk.PAIR_NT
     assert schedule.choose_launch(1, q64, 64, 32768 + 64, 132, q64, True, nt=5)[0] == 5
     assert schedule.choose_launch(1, q64, 64, 32768 + 64, 132, q64, True, nh=2)[0] != vk.PAIR_NT
     assert schedule.choose_launch(1, q64, 64, 1024 + 64, 132, q64, True)[0] != vk.PAIR_NT  # short KV

@@ -13,10 +13,12 @@ from __future__ import annotations
 KNOCKOUTS = {
     "entry": (1, "the partial kernel returns at entry (its launch; the merge still runs where the plan splits)"),
     "loop": (2, "no KV step: the prologue (its loads and first tiles' copies) and the epilogue only"),
-    "loads": (3, "no loads in the KV loop: no copy or index load (each step reads the prologue's tiles)"),
+    "loads": (3, "no loads in the KV loop: no copy or index load (each step reads the prologue's tiles; in the "
+                 "64-row build the prologue fills one slot and every other step reads the other, unwritten)"),
     "copy-wait": (4, "the loop's copies issued but never waited for"),
     "qk": (5, "no QK: no ldmatrix or MMA (zero scores stored)"),
-    "softmax": (6, "no softmax work: P a constant, no max or sum moves"),
+    "softmax": (6, "no softmax work: P a constant, no max or sum moves (64-row build: P the raw scores, so that "
+                   "QK and the exchange stay in the code)"),
     "pv": (7, "no PV: no ldmatrix or MMA"),
     # the two below together split a step into its MMA chain and the rest: the larger of the two
     # bounds what any overlap of the parts (inside this design) can reach
@@ -24,7 +26,8 @@ KNOCKOUTS = {
     "no-mma": (9, "no QK and no PV: the step's loads, softmax and barriers"),
     # the 64-row build's own (kd_pair.cuh): the parts its step has and the other builds' do not
     "exchange": (10, "no pair exchange: each warp of a pair keeps its half's partial scores (64-row build)"),
-    "barrier": (11, "no block barrier in the KV loop; the copies are still waited for (64-row build)"),
+    "barrier": (11, "no ring barrier at the KV step's start; the copies are still waited for, and the draft V "
+                   "copy's two block barriers stay (64-row build)"),
     "ldsm": (12, "no ldmatrix in QK or PV: the MMAs take their B operands from registers (64-row build)"),
 }
 PAIR_ONLY = frozenset({"exchange", "barrier", "ldsm"})  # spec.KernelConfig refuses them below nt=PAIR_NT

@@ -237,16 +237,15 @@ def wants_pair(rows: int, max_kv_len: int, nh: int, skip) -> bool:
 
 def choose_launch(bs: int, rows: int, max_q_len: int, max_kv_len: int, sm_count: int, total_rows: int,
                   masked: bool, nt: int | None = None, nh: int = 1, skip=None, nsplit: int | None = None,
-                  nt_fixed: bool | None = None, pair: bool = True,
-                  request_rows: int | None = None) -> tuple[int, int, bool | str]:
+                  nt_fixed: bool | None = None, request_rows: int | None = None) -> tuple[int, int, bool | str]:
     """(n-tiles per block, splits, skip build) for a batch: the one choice the plan makes and the
     torch reference's split count follows (kdkit.probes places its planted keys by it). skip None:
     choose_skip's. Where the build is the gather and the caller left the block size free, the
     block size up to GATHER_MAX_NT that the launch model ranks first (choose weighs only 8 rows
     and the fewest blocks). At 1 x 21, q_len 257, H 8 that is 16 rows, 129 blocks in one wave,
     modelled 15.1 us against 21.3 at 8 rows in two waves (NOT yet measured: 8 rows took 18.9 us).
-    nt_fixed: the caller fixed nt (default: nt is not None). pair: the 64-row build may be chosen
-    (wants_pair).
+    nt_fixed: the caller fixed nt (default: nt is not None); where it did not, the 64-row build
+    is chosen where wants_pair says so.
     rows: the grid's rows per request (max_q_len x H, the grid's max_q_len, which may be all T
     tokens of a call); request_rows: the longest request's (default rows), which wants_pair weighs:
     many short requests under a grid sized for T do not make a request of many rows."""
@@ -256,7 +255,7 @@ def choose_launch(bs: int, rows: int, max_q_len: int, max_kv_len: int, sm_count:
     nt, ns = choose(bs, rows, max_kv_len, sm_count, total_rows, nt=nt, nsplit=nsplit)
     if skip is None:
         skip = choose_skip(max_q_len, max_kv_len, masked, nt, nh, nt_free=not nt_fixed)
-    if pair and not nt_fixed and wants_pair(rows if request_rows is None else request_rows, max_kv_len, nh, skip):
+    if not nt_fixed and wants_pair(rows if request_rows is None else request_rows, max_kv_len, nh, skip):
         return PAIR_NT, choose(bs, rows, max_kv_len, sm_count, total_rows, nt=PAIR_NT, nsplit=nsplit)[1], skip
     if skip == "gather" and not nt_fixed:
         options = [choose(bs, rows, max_kv_len, sm_count, total_rows, nt=t, nsplit=nsplit)

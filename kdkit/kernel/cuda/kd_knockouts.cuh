@@ -17,7 +17,7 @@
 #define KD_KO_NO_MMA 9     // no QK and no PV: the step's loads, softmax and barriers
 // the 64-row build's own (kd_pair.cuh: spec.KernelConfig refuses them in the other builds)
 #define KD_KO_EXCHANGE 10  // no pair exchange: each warp keeps its half's partial scores
-#define KD_KO_BARRIER 11   // no block barrier in the loop (the copies are still waited for)
+#define KD_KO_BARRIER 11   // no ring barrier at the step's start (copies still waited for; the draft V's stay)
 #define KD_KO_LDSM 12      // no ldmatrix in QK or PV: the MMAs take their B operands from registers
 // what each knockout switches off (the two combined ones bound what overlapping the parts can win)
 #define KD_KO_NO_LOADS (KD_KO == KD_KO_LOADS || KD_KO == KD_KO_MMA_ONLY)

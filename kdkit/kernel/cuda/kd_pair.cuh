@@ -38,7 +38,8 @@
 #define KP_M_FLOOR (-3.40282347e38f)     // a row's max before any score (see mla_tc.cu's KD_M_FLOOR)
 
 static_assert(KP_SMEM_BYTES <= KD_SMEM_LIMIT, "shared memory per block exceeds sm_120's 99 KB");
-static_assert(KD_NT == 8 && KD_NH == 1 && KD_SKIP == 0, "the 64-row build: 8 n-tiles' rows, 8 warps, no step skip");
+static_assert(KD_NT == 8 && KD_NH == 1 && KD_SKIP == 0,
+              "the 64-row build: 8 n-tiles' rows, 8 warps, no step skip");
 static_assert(KD_DL == 512 && KD_DR == 64, "each half: 16 latent and 2 rope k-steps, 256 output dims");
 static_assert(KP_THREADS == KD_BN * 8, "the loader: 8 threads a KV row of a step");
 static_assert(KD_MUT_V_DIM0 % 64 == 0 && KD_MUT_V_DIM0 + KD_DL <= KP_D, "V's window keeps the swizzle groups, in the row");
@@ -228,12 +229,14 @@ extern "C" __global__ void __launch_bounds__(KP_THREADS, 1) kd_mla_tc_partial(co
 
     // online softmax in log2 units, a row's four lanes (a quad) together; hidden scores are -inf.
     // The max moves only when a score passes it by KP_MAX_SLACK (then p <= 2^8, fine in bf16), so
-    // most steps rescale nothing. (Knocked out: P is the raw scores, so QK and the exchange stay.)
+    // most steps rescale nothing
     kd_u32 pa[2][4];  // P (bf16) as the A fragments of PV's k-steps (KV 0..15, 16..31)
-    if (KD_KO_NO_SOFTMAX) {
+    if (KD_KO_NO_SOFTMAX) {  // knocked out: P is the raw scores (a constant P would let QK go too)
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-        pa[nt >> 1][(nt & 1) * 2] = kd::pack_bf16(s[nt][0], s[nt][1]), pa[nt >> 1][(nt & 1) * 2 + 1] = kd::pack_bf16(s[nt][2], s[nt][3]);
+      for (int nt = 0; nt < 4; ++nt) {
+        pa[nt >> 1][(nt & 1) * 2] = kd::pack_bf16(s[nt][0], s[nt][1]);
+        pa[nt >> 1][(nt & 1) * 2 + 1] = kd::pack_bf16(s[nt][2], s[nt][3]);
+      }
     } else {
       if (cap > 0.f) {  // (one branch for the cap, not one per score: uniform)
 #pragma unroll
@@ -276,7 +279,7 @@ extern "C" __global__ void __launch_bounds__(KP_THREADS, 1) kd_mla_tc_partial(co
         pa[nt >> 1][(nt & 1) * 2] = kd::pack_bf16(p0, p1);
         pa[nt >> 1][(nt & 1) * 2 + 1] = kd::pack_bf16(p2, p3);
       }
-    }  // (the softmax's knockout)
+    }
 
     // sglang layout: the draft rows' V comes from v, copied over the tile's first 512 dims once
     // every warp's QK has read them (block-uniform: the steps that reach the draft)
@@ -302,11 +305,12 @@ extern "C" __global__ void __launch_bounds__(KP_THREADS, 1) kd_mla_tc_partial(co
       for (int jp = 0; jp < KP_NTV / 2; ++jp) {
         kd_u32 bv[4];
         const kd_u32 a = v_s + kk * 16 * KP_ROWB + off[jp & 3] + 128 * (jp >> 2);
-        if (KD_KO == KD_KO_LDSM)
+        if (KD_KO == KD_KO_LDSM) {
 #pragma unroll
           for (int i = 0; i < 4; ++i) bv[i] = a + i;
-        else
+        } else {
           kd::ldsm_x4_trans(a, bv);
+        }
         kd::mma_bf16(o[2 * jp], pa[kk], bv[0], bv[2]);
         kd::mma_bf16(o[2 * jp + 1], pa[kk], bv[1], bv[3]);
       }
