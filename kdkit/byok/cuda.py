@@ -182,14 +182,15 @@ class Resources:
 class _Bound:
     """One launch's packed arguments: 8 bytes per parameter in `vals`, `ptrs` the void** array
     cuLaunchKernel reads (both kept alive by this object; CUDA copies them at each launch)."""
-    __slots__ = ("entry", "fn", "grid", "block", "smem", "vals", "ptrs", "addr", "slots", "sel")
+    __slots__ = ("entry", "fn", "grid", "block", "smem", "vals", "mv", "ptrs", "addr", "per_layer")
 
     def __init__(self, entry, fn, grid, block, smem, n):
         self.entry, self.fn, self.grid, self.block, self.smem = entry, fn, grid, block, smem
         self.vals = np.zeros(max(n, 1), dtype=np.int64)
+        self.mv = memoryview(self.vals)  # (per-layer writes: an item write here costs less than numpy's)
         self.ptrs = self.vals.ctypes.data + 8 * np.arange(max(n, 1), dtype=np.uint64)
         self.addr = int(self.ptrs.ctypes.data)
-        self.slots, self.sel = np.zeros(0, np.intp), []  # per-layer parameter slots, their values' index
+        self.per_layer = ()  # (parameter slot, index of its value in Plan.layer_keys) per layer argument
 
     def set(self, i: int, kind: str, value) -> None:
         if kind == "i32":
@@ -219,6 +220,13 @@ class Plan:
     _keep: list = field(default_factory=list)
     _seen: tuple | None = None   # the tensors' signature that last passed check_tensors
 
+    def __post_init__(self):
+        # bind() reads each layer tensor's pointer, and the stride() tuple of those a launch takes
+        # a stride of, once a call: _reads is layer_keys with a stride's tensor position replaced by
+        # its place in that list of tuples
+        self._strided = tuple(sorted({i for i, d in self.layer_keys if d >= 0}))
+        self._reads = tuple((i if d < 0 else self._strided.index(i), d) for i, d in self.layer_keys)
+
     @property
     def info(self) -> dict:
         return {"module": self.key, **self.problem.options,
@@ -229,19 +237,24 @@ class Plan:
         tensors against the plan first (shapes, dtypes, strides, devices: no device read)."""
         out = self.out if out is None else out
         lse = self.lse if lse is None else lse
+        ts = (q, k, v, kv_buffer, out, lse)
+        # (this runs once a layer: each torch call here is a share of run()'s host time, so each
+        # pointer and stride tuple is read once; a stride(d) costs more than a stride())
+        ptrs = [t.data_ptr() for t in ts]
         if check:
             # the full check (it names the field and the fix) where shapes, strides, dtypes or
             # devices differ from the last call that passed it, as kdkit's own plan does; the
             # addresses are new each layer, so their 16-byte alignment is checked every call
             sig = tensor_signature(q, k, v, kv_buffer, out, lse)
-            ptrs = q.data_ptr() | k.data_ptr() | v.data_ptr() | kv_buffer.data_ptr() | out.data_ptr() | lse.data_ptr()
-            if sig != self._seen or ptrs & 15:
+            if sig != self._seen or (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4] | ptrs[5]) & 15:
                 check_tensors(self, q, k, v, kv_buffer, out, lse)
                 self._seen = sig
-        ts = (q, k, v, kv_buffer, out, lse)
-        cur = [ts[i].data_ptr() if d < 0 else ts[i].stride(d) for i, d in self.layer_keys]
+        strides = [ts[i].stride() for i in self._strided]
+        cur = [ptrs[i] if d < 0 else strides[i][d] for i, d in self._reads]
         for b in self.launches:
-            b.vals[b.slots] = [cur[j] for j in b.sel]
+            mv = b.mv
+            for slot, j in b.per_layer:
+                mv[slot] = cur[j]
         return out, lse
 
     def launch(self) -> None:
@@ -493,21 +506,20 @@ class CudaKernel:
         bound = []
         for lc in self.launches:
             b = self._bind_launch(lc, prob, raw, dev)
-            slots, sel = [], []
+            per_layer = []
             for i, (arg, kind) in enumerate(zip(lc.args, self.kinds[lc.entry])):
                 st = STRIDE.match(arg)
                 if arg in LAYER_TENSORS or st:
                     lk = (LAYER_TENSORS.index(st.group(1) if st else arg), int(st.group(2)) if st else -1)
                     if lk not in layer_keys:
                         layer_keys.append(lk)
-                    slots.append(i)
-                    sel.append(layer_keys.index(lk))
+                    per_layer.append((i, layer_keys.index(lk)))
                 elif kind == "ptr":
                     t = fixed[arg]
                     b.set(i, kind, 0 if t is None else t.data_ptr())
                 else:
                     b.set(i, kind, scalars[arg])
-            b.slots, b.sel = np.array(slots, dtype=np.intp), sel
+            b.per_layer = tuple(per_layer)
             bound.append(b)
         launcher = Launcher([(b.entry, int(b.fn), b.grid, b.block, b.smem, b.addr, False) for b in bound],
                             keep=tuple(bound))
