@@ -388,8 +388,7 @@ def _per_call_us(fns, n=200, reps=15) -> list[float]:
     """Each fn's least over reps of its host time per call, n calls a rep (synchronized between
     reps, so the launch queue never fills): the call's own cost, since a rep that met another
     thread is only ever slower. The fns take turns within each rep, so a busy spell of the host (a
-    whole-suite run shares its cores with 12 workers) meets all of them alike; timed one after the
-    other, the bare launches once met a quiet spell that the adapter's calls did not."""
+    whole-suite run shares its cores with 12 workers) meets all of them alike."""
     times = [[] for _ in fns]
     for _ in range(reps):
         for fn, ts in zip(fns, times):

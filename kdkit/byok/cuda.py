@@ -221,9 +221,8 @@ class Plan:
     _seen: tuple | None = None   # the tensors' signature that last passed check_tensors
 
     def __post_init__(self):
-        # bind() reads each layer tensor's pointer, and the stride() tuple of those a launch takes
-        # a stride of, once a call: _reads is layer_keys with a stride's tensor position replaced by
-        # its place in that list of tuples
+        # the tensors bind() reads a stride() tuple of, and layer_keys with a stride's tensor
+        # position replaced by its place in that list
         self._strided = tuple(sorted({i for i, d in self.layer_keys if d >= 0}))
         self._reads = tuple((i if d < 0 else self._strided.index(i), d) for i, d in self.layer_keys)
 
