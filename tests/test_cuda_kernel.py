@@ -114,6 +114,21 @@ def test_pair_knockouts_fail_the_check(knockout):
     assert not _judge(case, res).passed, f"knockout {knockout} passed the check in the 64-row build"
 
 
+@pytest.mark.parametrize("nt", [5, spec.PAIR_NT])
+def test_an_experiments_defines_reach_the_build(nt):
+    """PlanOptions.extra_defines, an experiment's switch behind an #ifndef default: the max slack 0
+    (the running max moves on every larger score, the textbook online softmax) builds under its
+    own key, in the 40-row and the 64-row builds, and is right."""
+    case = synth.make_case(bs=2, prefix=4096, q_len=64, heads=8, tree="ddtree", seed=7)
+    x = cuda.to_device(case)
+    p = cuda.plan_case(case, x, kernel.PlanOptions(nt=nt, nsplit=2, extra_defines={"KD_MAX_SLACK": 0, "KP_MAX_SLACK": 0}))
+    assert f"-nt{nt}-" in p.key and "-x-KD_MAX_SLACK0-KP_MAX_SLACK0-" in p.key, p.key
+    kernel.run(p, x["q"], x["k"], x["v"], x["kv_buffer"])
+    torch.cuda.synchronize()
+    v = _judge(case, backends.Result(p.out.cpu(), p.lse.cpu(), {}))
+    assert v.passed, v.reasons
+
+
 @pytest.mark.parametrize("nsplit", [1, 2, 3, 7, 64, 256])
 def test_split_counts_agree(nsplit):
     case = _named("split-counts")

@@ -66,6 +66,16 @@ def test_variant_plan_options():
             ab._variant(bad)
 
 
+def test_variant_extra_defines():
+    """An experiment's defines ride along as a dict of whole numbers, several joined by '+'."""
+    assert ab._variant("s=main:extra_defines=KD_MAX_SLACK=0") == ("s", "main", {"extra_defines": {"KD_MAX_SLACK": 0}})
+    assert ab._variant("s=br:nt=8,extra_defines=KP_A=1+KP_B=-2") == (
+        "s", "br", {"nt": 8, "extra_defines": {"KP_A": 1, "KP_B": -2}})
+    for bad in ("s=main:extra_defines=KP_A", "s=main:extra_defines=KP_A=x", "s=main:extra_defines=KP_A=1+"):
+        with pytest.raises(SystemExit, match="NAME=INTEGER"):
+            ab._variant(bad)
+
+
 def test_shapes_are_the_quick_set_and_the_deep_trees():
     quick = [(s.bs, s.prefix, s.q_len, s.heads) for s in bench.grid(quick=True)]
     got = ab.shapes(None)
@@ -99,6 +109,22 @@ def test_table_gives_each_variants_range_and_ratio(tmp_path):
     assert ab.table(tmp_path).splitlines()[2] == "1x21 q9 H8 | - | 6.00-6.00 us"
 
 
+def test_table_marks_a_variant_judged_wrong(tmp_path):
+    """A variant whose output was judged wrong at a shape (a row with no time) reads WRONG there,
+    whatever a later round timed; the other shapes keep its times."""
+    (tmp_path / "refs.json").write_text(json.dumps({"main": {"ref": "main", "commit": "a" * 40},
+                                                    "bad": {"ref": "x", "commit": "b" * 40}}))
+    rows = [dict(variant="main", bs=1, prefix=21, q_len=9, heads=8, us=8.0),
+            dict(variant="bad", bs=1, prefix=21, q_len=9, heads=8, us=None, verdict="FAIL against ..."),
+            dict(variant="bad", bs=1, prefix=21, q_len=9, heads=8, us=5.0),
+            dict(variant="main", bs=1, prefix=1024, q_len=9, heads=8, us=14.0),
+            dict(variant="bad", bs=1, prefix=1024, q_len=9, heads=8, us=7.0)]
+    (tmp_path / "times.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    lines = ab.table(tmp_path).splitlines()
+    assert lines[2] == "1x21 q9 H8 | 8.00-8.00 us | WRONG"
+    assert lines[3] == "1x1024 q9 H8 | 14.00-14.00 us | 7.00-7.00 us x0.500"
+
+
 def test_table_without_rows_says_so(tmp_path):
     (tmp_path / "refs.json").write_text(json.dumps({"main": {"ref": "main", "commit": "a" * 40}}))
     assert "no rows" in ab.table(tmp_path)
@@ -115,3 +141,24 @@ def test_times_two_variants_on_the_gpu(tmp_path):
     assert all(r["us"] > 0 and r["module"].startswith("mla_tc-") for r in rows)
     assert {r["module"].split("-")[1] for r in rows if r["variant"] == "b"} == {"nt2"}  # its options reached the plan
     assert "b (" in ab.table(tmp_path) and "nt=2,nsplit=1" in ab.table(tmp_path)
+    # the first round judged each variant's output before timing it (the later ones do not)
+    assert all(r["verdict"].startswith("PASS against the float64 oracle") for r in rows if r["round"] == 0)
+    assert not any("verdict" in r for r in rows if r["round"] == 1)
+
+
+@pytest.mark.gpu
+@needs_git
+@pytest.mark.skipif(backends.unavailable("cuda") is not None, reason=backends.unavailable("cuda") or "")
+def test_a_wrong_variant_is_not_timed(tmp_path):
+    """A mutant is judged wrong in the first round: its row has the verdict and no time, and the
+    table says WRONG; a knockout (wrong by design) is timed unjudged; --no-judge times everything."""
+    ab.export(tmp_path, ["a=HEAD", "m=HEAD:mutant=no-scale", "k=HEAD:knockout=softmax"])
+    assert ab.time_all(tmp_path, "1x21 q9 H8", rounds=1, budget_s=0.05) == 0
+    rows = {r["variant"]: r for r in map(json.loads, (tmp_path / "times.jsonl").read_text().splitlines())}
+    assert rows["m"]["us"] is None and rows["m"]["verdict"].startswith("FAIL")
+    assert rows["a"]["us"] > 0 and rows["k"]["us"] > 0 and "verdict" not in rows["k"]
+    assert ab.table(tmp_path).splitlines()[2].split(" | ")[2] == "WRONG"
+    (tmp_path / "times.jsonl").unlink()
+    assert ab.time_all(tmp_path, "1x21 q9 H8", rounds=1, budget_s=0.05, judge=False) == 0
+    rows = [json.loads(line) for line in (tmp_path / "times.jsonl").read_text().splitlines()]
+    assert all(r["us"] > 0 and "verdict" not in r for r in rows)

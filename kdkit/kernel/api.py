@@ -168,7 +168,8 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
             "skip", f"'gather', causal without a mask, at max_q_len {max_q_len}: its list's 16-bit end mark covers "
             f"q_len up to {spec.GATHER_NOMASK_MAX_Q} (without a mask there is nothing to gather: skip=False)")
     try:
-        cfg = spec.KernelConfig(nt=nt, mutant=o.mutant, nh=nh, skip=skip, knockout=o.knockout, **idx)
+        cfg = spec.KernelConfig(nt=nt, mutant=o.mutant, nh=nh, skip=skip, knockout=o.knockout,
+                                extra_defines=o.extra_defines, **idx)
     except spec.ConfigError as e:
         raise InputError(f"field '{e.field}': {e}") from None
     rpc = schedule.rows_per_block(rows, nt)
@@ -223,7 +224,10 @@ def plan(*, qo_indptr, kv_indptr, kv_indices, num_heads: int, sm_scale: float, p
 def _load(cfg: spec.KernelConfig):
     """The build of `cfg` for this GPU, loaded: (module, its meta, the CuPy module, the partial
     kernel with its dynamic shared memory allowed, the merge kernel)."""
-    mod = spec.build(cfg, jit.device_arch())
+    try:
+        mod = spec.build(cfg, jit.device_arch())
+    except spec.ConfigError as e:  # an experiment's define its source never reads
+        raise InputError(f"field '{e.field}': {e}") from None
     meta = mod.meta()
     if meta.get("block_n") != schedule.BLOCK_N or meta.get("rows") != cfg.rows:
         raise jit.BuildError(f"{mod.key}: the build exports {meta}, the host assumes block_n="

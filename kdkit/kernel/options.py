@@ -13,6 +13,9 @@ these say HOW, and are the same for every batch of a run, so a caller builds the
   the merge kernel, schedule.merge_mode; the 64-row build takes the merge kernel unless asked);
 - negative controls: `mutant` (a wrong build the judge must catch, kdkit/mutants.py) and `knockout`
   (a timing-only build with one part off, kdkit/kernel/knockouts.py): both wrong by design;
+- an experiment: `extra_defines` ({NAME: int}; a change to the kernel kept behind an #ifndef default
+  in its source, built and judged like any build, named in its key: what `kdkit.perf.kernel_ab`
+  times against the kernel as it is);
 - graph hints: `check` (False: read nothing from the device, for planning inside CUDA-graph
   capture, with `num_tokens`, `max_q_len` and `max_kv_len` given), and the bounds a plan that is
   captured once and replayed must cover: `num_tokens` (T), `max_q_len` (the grid's query tokens
@@ -41,6 +44,8 @@ class PlanOptions:
     # negative controls (wrong by design)
     mutant: str | None = None
     knockout: str | None = None
+    # an experiment (spec.extra_defines: stored as sorted (NAME, int) pairs)
+    extra_defines: tuple = ()
     # graph hints
     check: bool = True
     num_tokens: int | None = None
@@ -70,6 +75,10 @@ class PlanOptions:
             knockouts.defines(self.knockout)
         except ValueError as e:
             raise InputError(f"field 'knockout': {e}") from None
+        try:
+            object.__setattr__(self, "extra_defines", spec.extra_defines(self.extra_defines))
+        except spec.ConfigError as e:
+            raise InputError(f"field 'extra_defines': {e}") from None
 
     @property
     def wrong_by_design(self) -> str | None:

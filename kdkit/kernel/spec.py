@@ -8,6 +8,7 @@ is written twice. The model's dims come from kdkit's constants and reach the .cu
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
@@ -40,6 +41,11 @@ _CTYPES = {torch.int32: "kd_i32", torch.int64: "kd_i64"}
 _SHORT = {torch.int32: "i32", torch.int64: "i64"}
 
 
+# An experiment's compile-time switch: a name in the kernel's own macro space, read by the source
+# behind an #ifndef default (e.g. `#ifndef KP_SKEW` / `#define KP_SKEW 0`), set to a whole number
+EXTRA_DEFINE_NAME = re.compile(r"^K[DP]_[A-Z][A-Z0-9_]*$")
+
+
 class ConfigError(ValueError):
     """A build option out of range; `field` names the option (plan's InputError names it too)."""
 
@@ -62,8 +68,12 @@ class KernelConfig:
     pfx_t: torch.dtype = torch.int64
     knockout: str | None = None  # a timing-only build, wrong by design (kdkit/kernel/knockouts.py)
     fused: bool = False       # the split blocks merge in place (a cooperative launch, no merge kernel)
+    # an experiment's defines, ((NAME, int), ...) sorted (a dict is taken too): what an A/B of a
+    # change kept behind an #ifndef default times against the kernel, in the build's key
+    extra_defines: tuple = ()
 
     def __post_init__(self):
+        object.__setattr__(self, "extra_defines", extra_defines(self.extra_defines))
         if self.nt not in NT_CHOICES:
             raise ConfigError("nt", f"nt={self.nt}: choose one of {NT_CHOICES} (query rows per block = 8 * nt)")
         if self.nh not in NH_CHOICES or self.nt < self.nh:
@@ -102,6 +112,7 @@ class KernelConfig:
              "KD_PFX_T": _CTYPES[self.pfx_t]}
         d.update(mutants.defines(self.mutant))
         d.update(knockouts.defines(self.knockout))
+        d.update(self.extra_defines)
         return d
 
     def tags(self) -> dict:
@@ -117,7 +128,44 @@ class KernelConfig:
             t["mut-"] = self.mutant
         if self.knockout:
             t["ko-"] = self.knockout
+        if self.extra_defines:
+            t["x-"] = "-".join(f"{k}{v}" for k, v in self.extra_defines)
         return t
+
+
+_OWN_DEFINES: frozenset = frozenset()  # the names KernelConfig.defines() sets itself (filled on first use)
+
+
+def extra_defines(value) -> tuple:
+    """An experiment's defines as ((NAME, int), ...) sorted by name, from a dict or pairs; a
+    ConfigError naming `extra_defines` for a name outside K[DP]_..., one the build sets itself
+    (KD_NT, ...: its own option says how), a mutant's or a knockout's, or a value that is not a
+    whole number."""
+    global _OWN_DEFINES
+    if not value:
+        return ()
+    pairs = value.items() if isinstance(value, dict) else value
+    try:
+        pairs = [(k, v) for k, v in pairs]
+    except (TypeError, ValueError):
+        raise ConfigError("extra_defines", f"{value!r}: give a dict or (NAME, value) pairs, "
+                          "e.g. {'KP_SKEW': 1}") from None
+    if not _OWN_DEFINES:
+        _OWN_DEFINES = frozenset(KernelConfig().defines())
+    out = {}
+    for k, v in pairs:
+        if not isinstance(k, str) or not EXTRA_DEFINE_NAME.match(k):
+            raise ConfigError("extra_defines", f"{k!r}: an experiment's define is named KD_... or KP_... in "
+                              "capitals, digits and '_' (the source reads it behind an #ifndef default)")
+        if k in _OWN_DEFINES or k.startswith(("KD_MUT_", "KD_KO")):
+            raise ConfigError("extra_defines", f"{k}: the build sets it itself; use the option that says how "
+                              "(nt, nh, skip, fused, mutant, knockout)")
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ConfigError("extra_defines", f"{k}={v!r}: a whole number")
+        if k in out:
+            raise ConfigError("extra_defines", f"{k} given twice")
+        out[k] = int(v)
+    return tuple(sorted(out.items()))
 
 
 @dataclass(frozen=True)
@@ -148,6 +196,10 @@ class KernelSpec:
                 raise ValueError(f"{self.name}: takes no KernelConfig (it builds as it is)")
             return jit.build(self.source, {}, arch, tags={})
         config = config or KernelConfig()
+        for name, _ in config.extra_defines:  # a define nothing reads would time the kernel under another name
+            if not re.search(rf"\b{name}\b", jit.expand(jit.CUDA_DIR / self.source)):
+                raise ConfigError("extra_defines", f"{name}: {self.source} and its headers never read it (an "
+                                  "experiment's define needs its #ifndef default in the source)")
         return jit.build(self.source, config.defines(), arch, tags=config.tags(), prelude=params.struct_text())
 
     def threads(self, entry: Entry, meta: dict) -> int:

@@ -21,7 +21,15 @@ A variant may fix plan options after a colon (`skip`, `nt`, `nh`, `nsplit`, `fus
 values true, false, none, an integer or a word): `plain=main:skip=false step=main:skip=true` times
 two builds of one commit, `ko=main:knockout=softmax` the timing-only build without the softmax's
 work (kdkit/kernel/knockouts.py); every shape the option does not fit (or that the variant's kdkit does not know) is
-reported and left out of that variant.
+reported and left out of that variant. `extra_defines=NAME=V+NAME=V` builds a commit with an
+experiment's defines (a change kept behind an #ifndef default in the kernel's source:
+PlanOptions.extra_defines), so one branch can carry a change and its baseline:
+`base=my-branch new=my-branch:extra_defines=KP_SKEW=1`.
+
+Before a variant is timed at a shape, in the first round, its output there is judged as
+`kdkit bench` judges (kdkit.perf.correctness: the float64 oracle, or the fp32 torch backend on the
+largest shapes); a wrong variant is not timed at that shape and the table says WRONG. Knockouts
+are wrong by design and not judged; `time --no-judge` skips the judging.
 
 The shapes: `kdkit bench --quick`'s and the deep trees at prefix 21 (q_len 64, 257; DEEP), or with
 --shapes the grid's shapes whose label contains TEXT, or any of several texts separated by commas
@@ -44,7 +52,7 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 DEEP = [(1, 21, 64, 8), (1, 21, 64, 16), (1, 21, 257, 8), (1, 21, 257, 16), (8, 21, 257, 16)]
 
 
-OPTS = ("skip", "nt", "nh", "nsplit", "fused", "knockout")  # kdkit.kernel.plan's options a variant may fix
+OPTS = ("skip", "nt", "nh", "nsplit", "fused", "knockout", "extra_defines")  # PlanOptions a variant may fix
 
 
 def _value(text: str):
@@ -66,8 +74,19 @@ def _variant(spec: str) -> tuple[str, str, dict]:
         key, eq, val = item.partition("=")
         if key not in OPTS or not eq:
             raise SystemExit(f"error: option {item!r} of {spec!r}: write KEY=VALUE with KEY one of {OPTS}")
-        opts[key] = _value(val)
+        opts[key] = _defines(val, spec) if key == "extra_defines" else _value(val)
     return name, ref, opts
+
+
+def _defines(text: str, spec: str) -> dict:
+    """'KP_A=1+KP_B=-2' -> {'KP_A': 1, 'KP_B': -2} (the plan checks the names)."""
+    out = {}
+    for item in text.split("+"):
+        k, eq, v = item.partition("=")
+        if not (k and eq and re.fullmatch(r"-?\d+", v)):
+            raise SystemExit(f"error: extra_defines {text!r} of {spec!r}: write NAME=INTEGER, several joined by '+'")
+        out[k] = int(v)
+    return out
 
 
 def export(out: Path, specs: list[str], repo: Path = ROOT) -> dict:
@@ -119,10 +138,27 @@ def _grid_shapes(text: str | None) -> list[tuple]:
     return [(s.bs, s.prefix, s.q_len, s.heads, s.tree, s.seed) for s in picked]
 
 
+def _judge(case, p, opts: dict):
+    """The verdict of the plan's output on `case` (launched already), as kdkit bench judges it; None
+    for a knockout (wrong by design) or a variant's kdkit too old to judge (no kdkit.perf.correctness
+    or Plan.out)."""
+    if opts.get("knockout") or not hasattr(p, "out"):
+        return None
+    try:
+        from kdkit.backends import Result
+        from kdkit.perf.correctness import Reference
+    except ImportError:
+        return None
+    import torch
+    torch.cuda.synchronize()
+    return Reference(case).judge("cuda", Result(p.out.clone(), p.lse.clone(), {}))
+
+
 def child(vdir: str, name: str, shapes_json: str, out: str, budget_s: float, rnd: int, opts: dict,
-          commit: str = "") -> None:
+          commit: str = "", judge: bool = False) -> None:
     """In a fresh process: import the variant's kdkit, time each shape at the variant's plan
-    options, append rows; a shape the options do not fit is reported and left out."""
+    options, append rows; a shape the options do not fit is reported and left out. judge: each
+    shape's output judged first (a wrong one gets a row with its verdict and no time)."""
     import torch
     import kdkit
     from kdkit import kernel
@@ -149,17 +185,22 @@ def child(vdir: str, name: str, shapes_json: str, out: str, budget_s: float, rnd
                 # cannot hold; TypeError: an option this variant's kdkit does not take
                 print(f"{name} {bs}x{prefix} q{q_len} H{heads}: left out: {e}", file=sys.stderr, flush=True)
                 continue
-            replay = graph_of(lambda: kernel.run(p, x["q"], x["k"], x["v"], x["kv_buffer"]))
             row = {"variant": name, "commit": commit, "round": rnd, "bs": bs, "prefix": prefix, "q_len": q_len, "heads": heads,
                    "nsplit": p.nsplit, "rows_per_cta": p.rows_per_cta, "module": p.key,
-                   "fused": bool(getattr(p, "fused", False)),
-                   "us": round(timer.us(replay, budget_s=budget_s), 2)}
+                   "fused": bool(getattr(p, "fused", False))}
+            replay = graph_of(lambda: kernel.run(p, x["q"], x["k"], x["v"], x["kv_buffer"]))  # (runs it once)
+            verdict = _judge(case, p, opts) if judge else None
+            if verdict is not None:
+                row["verdict"] = verdict.line
+            row["us"] = round(timer.us(replay, budget_s=budget_s), 2) if verdict is None or verdict.passed else None
+            if row["us"] is None:
+                print(f"{name} {bs}x{prefix} q{q_len} H{heads}: WRONG, not timed: {verdict.line}", file=sys.stderr, flush=True)
             print(json.dumps(row), file=f, flush=True)
             del x, replay, p
             torch.cuda.empty_cache()
 
 
-def time_all(d: Path, text: str | None, rounds: int, budget_s: float) -> int:
+def time_all(d: Path, text: str | None, rounds: int, budget_s: float, judge: bool = True) -> int:
     refs = json.loads((d / "refs.json").read_text())
     names = list(refs)
     todo = json.dumps(_grid_shapes(text))
@@ -170,7 +211,8 @@ def time_all(d: Path, text: str | None, rounds: int, budget_s: float) -> int:
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(d / name), os.environ.get("PYTHONPATH")]))}
             r = subprocess.run([sys.executable, "-P", __file__, "_child", str(d / name), name, todo,
                                 str(d / "times.jsonl"), str(budget_s), str(rnd),
-                                json.dumps(refs[name].get("opts", {})), refs[name]["commit"]], env=env)
+                                json.dumps(refs[name].get("opts", {})), refs[name]["commit"],
+                                "judge" if judge and rnd == 0 else "-"], env=env)
             print(f"round {rnd} {name}: exit {r.returncode}", file=sys.stderr, flush=True)
             bad += r.returncode != 0
     print(table(d))
@@ -190,15 +232,21 @@ def table(d: Path) -> str:
     by: dict = {}
     for r in rows:
         by.setdefault((r["bs"], r["prefix"], r["q_len"], r["heads"]), {}).setdefault(r["variant"], []).append(r["us"])
+    # a variant judged wrong at a shape: its times there (if any round timed it) say nothing
+    wrong = {((r["bs"], r["prefix"], r["q_len"], r["heads"]), r["variant"]) for r in rows if r.get("us") is None}
     def title(n):
         opts = ",".join(f"{k}={v}" for k, v in refs[n].get("opts", {}).items())
         return f"{n} ({refs[n]['commit'][:7]}{' ' + opts if opts else ''})"
     head = ["shape"] + [title(n) for n in names]
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
-    for (bs, prefix, q_len, heads), per in by.items():
+    for shape, per in by.items():
+        per = {n: ts for n, ts in per.items() if (shape, n) not in wrong}
         base = min(per[names[0]]) if names[0] in per else None
-        cells = [f"{bs}x{prefix} q{q_len} H{heads}"]
+        cells = ["{}x{} q{} H{}".format(*shape)]
         for n in names:
+            if (shape, n) in wrong:
+                cells.append("WRONG")
+                continue
             if n not in per:
                 cells.append("-")
                 continue
@@ -212,8 +260,8 @@ def table(d: Path) -> str:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["_child"]:
-        vdir, name, todo, out, budget, rnd, opts, commit = argv[1:]
-        child(vdir, name, todo, out, float(budget), int(rnd), json.loads(opts), commit)
+        vdir, name, todo, out, budget, rnd, opts, commit, judge = argv[1:]
+        child(vdir, name, todo, out, float(budget), int(rnd), json.loads(opts), commit, judge == "judge")
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -226,6 +274,7 @@ def main(argv=None) -> int:
                    help="the grid's shapes whose label contains this text (or any of several, comma-separated)")
     t.add_argument("--rounds", type=int, default=2)
     t.add_argument("--budget-s", type=float, default=0.3, help="timing budget per shape and variant")
+    t.add_argument("--no-judge", action="store_true", help="time without judging each variant's output first")
     p = sub.add_parser("table", help="print the table of DIR/times.jsonl")
     p.add_argument("dir", type=Path)
     args = ap.parse_args(argv)
@@ -238,7 +287,7 @@ def main(argv=None) -> int:
     if args.cmd == "table":
         print(table(args.dir))
         return 0
-    return time_all(args.dir, args.shapes, args.rounds, args.budget_s)
+    return time_all(args.dir, args.shapes, args.rounds, args.budget_s, judge=not args.no_judge)
 
 
 if __name__ == "__main__":

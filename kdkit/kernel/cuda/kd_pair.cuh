@@ -34,7 +34,9 @@
 #define KP_NTV (KD_DL / 2 / 8)           // output n-tiles of 8 dims per warp (32)
 #define KP_OFF_X (2 * KP_STAGE_BYTES)    // the partial scores' exchange: [warp][n-tile][lane] float4
 #define KP_SMEM_BYTES (KP_OFF_X + 2 * KP_RG * 4 * 32 * 16)
+#ifndef KP_MAX_SLACK                     // (an experiment may set it: PlanOptions.extra_defines)
 #define KP_MAX_SLACK 8.f                 // a row's max moves when a score passes it by this (log2 units)
+#endif
 #define KP_M_FLOOR (-3.40282347e38f)     // a row's max before any score (see mla_tc.cu's KD_M_FLOOR)
 
 static_assert(KP_SMEM_BYTES <= KD_SMEM_LIMIT, "shared memory per block exceeds sm_120's 99 KB");

@@ -112,7 +112,9 @@ using bf16 = __nv_bfloat16;
 #define KD_VCH (KD_VDIMS_WARP / 8)      // 16-byte chunks of V per warp
 #define KD_SPITCH 36                    // score tile pitch (fp32): word 8t+g, no bank conflict
 #define KD_PPITCH (KD_BN + 8)           // P tile pitch (bf16): 80-byte rows, ldmatrix conflict-free
+#ifndef KD_MAX_SLACK                    // (an experiment may set it: PlanOptions.extra_defines)
 #define KD_MAX_SLACK 8.f                // a column's max moves when a score passes it by this (log2)
+#endif
 // a column's max before it has seen a score: the most negative finite float, so 2^(x - max) needs
 // no -inf test (2^-inf = 0 for a hidden score; any finite visible score moves the max, and
 // 2^(floor - max) = 0 rescales the zero sum and output it had); a row that sees nothing keeps it
