@@ -61,6 +61,7 @@ def test_variant_plan_options():
     assert ab._variant("p=main:skip=false,nsplit=none") == ("p", "main", {"skip": False, "nsplit": None})
     assert ab._variant("main:skip=true") == ("main", "main", {"skip": True})
     assert ab._variant("ko=main:knockout=copy-wait") == ("ko", "main", {"knockout": "copy-wait"})
+    assert ab._variant("m=main:mutant=skip-rope") == ("m", "main", {"mutant": "skip-rope"})
     for bad in ("a=main:warps=8", "a=main:skip"):
         with pytest.raises(SystemExit, match="KEY=VALUE"):
             ab._variant(bad)

@@ -17,7 +17,7 @@ gives each variant's fastest and slowest time per shape and its ratio to the fir
 (`table DIR` prints it again), from the rows of the commit each variant name has now. The cases
 are the grid's (`kdkit bench`'s tree and seed for each shape).
 
-A variant may fix plan options after a colon (`skip`, `nt`, `nh`, `nsplit`, `fused`, `knockout`;
+A variant may fix plan options after a colon (`skip`, `nt`, `nh`, `nsplit`, `fused`, `mutant`, `knockout`;
 values true, false, none, an integer or a word): `plain=main:skip=false step=main:skip=true` times
 two builds of one commit, `ko=main:knockout=softmax` the timing-only build without the softmax's
 work (kdkit/kernel/knockouts.py); every shape the option does not fit (or that the variant's kdkit does not know) is
@@ -28,8 +28,9 @@ PlanOptions.extra_defines), so one branch can carry a change and its baseline:
 
 Before a variant is timed at a shape, in the first round, its output there is judged as
 `kdkit bench` judges (kdkit.perf.correctness: the float64 oracle, or the fp32 torch backend on the
-largest shapes); a wrong variant is not timed at that shape and the table says WRONG. Knockouts
-are wrong by design and not judged; `time --no-judge` skips the judging.
+largest shapes); a wrong variant is not timed at that shape and the table says WRONG (a mutant,
+`m=main:mutant=skip-rope`, shows the judging at work). Knockouts are wrong by design and not
+judged; `time --no-judge` skips the judging.
 
 The shapes: `kdkit bench --quick`'s and the deep trees at prefix 21 (q_len 64, 257; DEEP), or with
 --shapes the grid's shapes whose label contains TEXT, or any of several texts separated by commas
@@ -52,7 +53,7 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 DEEP = [(1, 21, 64, 8), (1, 21, 64, 16), (1, 21, 257, 8), (1, 21, 257, 16), (8, 21, 257, 16)]
 
 
-OPTS = ("skip", "nt", "nh", "nsplit", "fused", "knockout", "extra_defines")  # PlanOptions a variant may fix
+OPTS = ("skip", "nt", "nh", "nsplit", "fused", "mutant", "knockout", "extra_defines")  # PlanOptions a variant may fix
 
 
 def _value(text: str):
