@@ -47,6 +47,10 @@ def test_export_refuses_what_would_be_lost_or_wrong(tmp_path):
         ab.export(tmp_path, ["c=HEAD", "c=HEAD"])
     with pytest.raises(SystemExit, match="variant name"):
         ab.export(tmp_path, ["../x=HEAD"])
+    # an experiment's define the commit's kernel source never reads
+    with pytest.raises(SystemExit, match="KP_NOT_READ_ANYWHERE .variant e.: the kernel's source at HEAD never reads it"):
+        ab.export(tmp_path, ["e=HEAD:extra_defines=KP_NOT_READ_ANYWHERE=1"])
+    assert not (tmp_path / "e").exists()
 
 
 def test_variant_names():
@@ -124,6 +128,13 @@ def test_table_marks_a_variant_judged_wrong(tmp_path):
     lines = ab.table(tmp_path).splitlines()
     assert lines[2] == "1x21 q9 H8 | 8.00-8.00 us | WRONG"
     assert lines[3] == "1x1024 q9 H8 | 14.00-14.00 us | 7.00-7.00 us x0.500"
+
+
+def test_table_titles_a_variant_as_it_was_written(tmp_path):
+    (tmp_path / "refs.json").write_text(json.dumps({"s": {"ref": "br", "commit": "a" * 40, "opts": {
+        "nt": 8, "extra_defines": {"KP_A": 1, "KP_B": -2}}}}))
+    (tmp_path / "times.jsonl").write_text(json.dumps(dict(variant="s", bs=1, prefix=21, q_len=9, heads=8, us=6.0)))
+    assert ab.table(tmp_path).splitlines()[0] == "shape | s (aaaaaaa nt=8,extra_defines=KP_A=1+KP_B=-2)"
 
 
 def test_table_without_rows_says_so(tmp_path):

@@ -105,6 +105,11 @@ def export(out: Path, specs: list[str], repo: Path = ROOT) -> dict:
         if commit.returncode:
             raise SystemExit(f"error: {ref!r} is not a commit of {repo}: {commit.stderr.strip()}")
         commits[name] = commit.stdout.strip()
+        for define in options[name].get("extra_defines", {}):  # refused here, not on the GPU host
+            if subprocess.run(["git", "-C", str(repo), "grep", "-q", "-w", define, commits[name], "--",
+                               "kdkit/kernel/cuda"]).returncode:
+                raise SystemExit(f"error: {define} (variant {name}): the kernel's source at {ref} never reads it; "
+                                 "an experiment's define needs its #ifndef default there")
     out.mkdir(parents=True, exist_ok=True)
     refs_path = out / "refs.json"
     refs = json.loads(refs_path.read_text()) if refs_path.exists() else {}
@@ -236,7 +241,8 @@ def table(d: Path) -> str:
     # a variant judged wrong at a shape: its times there (if any round timed it) say nothing
     wrong = {((r["bs"], r["prefix"], r["q_len"], r["heads"]), r["variant"]) for r in rows if r.get("us") is None}
     def title(n):
-        opts = ",".join(f"{k}={v}" for k, v in refs[n].get("opts", {}).items())
+        opts = ",".join(f"{k}={'+'.join(f'{a}={b}' for a, b in v.items()) if isinstance(v, dict) else v}"
+                        for k, v in refs[n].get("opts", {}).items())  # (as the variant was written)
         return f"{n} ({refs[n]['commit'][:7]}{' ' + opts if opts else ''})"
     head = ["shape"] + [title(n) for n in names]
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
