@@ -133,27 +133,33 @@ def test_knockouts_are_timing_only_builds_named_in_their_key():
 
 def test_an_experiments_defines_are_checked_and_named_in_the_key():
     """KernelConfig.extra_defines (PlanOptions.extra_defines): an experiment's switch, read by the
-    source behind an #ifndef default, builds under a key that names it and changes the code; a name
-    outside the kernel's macro space, one the build sets itself, a value that is not a whole
-    number, or a name the source never reads is refused with the field named."""
+    source behind an #ifndef default, builds under a key that names it and changes the code. A name
+    outside the kernel's macro space, one the build sets itself, a value that is not a whole number
+    within 32 bits, or defines that leave the build as it was (a name nothing reads, one the source
+    defines without a default, one only the other build reads) are refused with the field named."""
     from kdkit.kernel import PlanOptions
     from kdkit.kernel.checks import InputError
     for nt, name in ((5, "KD_MAX_SLACK"), (vk.PAIR_NT, "KP_MAX_SLACK")):
         cfg = vk.KernelConfig(nt=nt, extra_defines={name: 0})
         rep = vk.compile_report("sm_120", cfg)
         assert rep.breaches() == [] and rep.kernels[vk.PARTIAL].spill_stores == 0, rep.table()
-        assert f"-x-{name}0-" in rep.key and name not in vk.compile_report("sm_120", vk.KernelConfig(nt=nt)).key
+        assert f"-x-{name}.0-" in rep.key and name not in vk.compile_report("sm_120", vk.KernelConfig(nt=nt)).key
         assert vk.build(cfg, "sm_120").ptx != vk.build(vk.KernelConfig(nt=nt), "sm_120").ptx
+        # both names at once: each build takes the one it reads
+        assert vk.build(vk.KernelConfig(nt=nt, extra_defines={"KD_MAX_SLACK": 0, "KP_MAX_SLACK": 0}), "sm_120").ptx \
+            == vk.build(cfg, "sm_120").ptx
     assert vk.KernelConfig(extra_defines=[("KP_B", 2), ("KP_A", -1)]).extra_defines == (("KP_A", -1), ("KP_B", 2))
     for bad, why in (({"kp_a": 1}, "in capitals"), ({"KD_NT": 2}, "sets it itself"), ({"KD_KO": 1}, "sets it itself"),
                      ({"KD_MUT_SCALE": 1}, "sets it itself"), ({"KP_A": 1.5}, "whole number"),
-                     ({"KP_A": True}, "whole number"), ("KP_A", "dict or")):
+                     ({"KP_A": True}, "whole number"), ({"KP_A": 2**31}, "within 32 bits"), ("KP_A", "dict or"),
+                     ([("KP_A", 1), ("KP_A", 2)], "given twice")):
         with pytest.raises(vk.ConfigError, match=why) as e:
             vk.KernelConfig(extra_defines=bad)
         assert e.value.field == "extra_defines"
-    with pytest.raises(vk.ConfigError, match="KP_NOPE: mla_tc.cu and its headers never read it") as e:
-        vk.compile_report("sm_120", vk.KernelConfig(extra_defines={"KP_NOPE": 1}))
-    assert e.value.field == "extra_defines"
+    for nt, inert in ((5, {"KP_NOPE": 1}), (5, {"KD_SPITCH": 40}), (5, {"KP_MAX_SLACK": 0}), (vk.PAIR_NT, {"KD_MAX_SLACK": 0})):
+        with pytest.raises(vk.ConfigError, match=f"the nt={nt} build comes out the same without it") as e:
+            vk.compile_report("sm_120", vk.KernelConfig(nt=nt, extra_defines=inert))
+        assert e.value.field == "extra_defines"
     with pytest.raises(InputError, match="field 'extra_defines': KD_NT: the build sets it itself"):
         PlanOptions(extra_defines={"KD_NT": 2})
     assert PlanOptions(extra_defines={"KP_B": 1, "KP_A": 2}) == PlanOptions(extra_defines=(("KP_A", 2), ("KP_B", 1)))

@@ -122,7 +122,8 @@ def test_an_experiments_defines_reach_the_build(nt):
     case = synth.make_case(bs=2, prefix=4096, q_len=64, heads=8, tree="ddtree", seed=7)
     x = cuda.to_device(case)
     p = cuda.plan_case(case, x, kernel.PlanOptions(nt=nt, nsplit=2, extra_defines={"KD_MAX_SLACK": 0, "KP_MAX_SLACK": 0}))
-    assert f"-nt{nt}-" in p.key and "-x-KD_MAX_SLACK0-KP_MAX_SLACK0-" in p.key, p.key
+    assert f"-nt{nt}-" in p.key and "-x-KD_MAX_SLACK.0-KP_MAX_SLACK.0-" in p.key, p.key
+    assert p.info["extra_defines"] == {"KD_MAX_SLACK": 0, "KP_MAX_SLACK": 0}
     kernel.run(p, x["q"], x["k"], x["v"], x["kv_buffer"])
     torch.cuda.synchronize()
     v = _judge(case, backends.Result(p.out.cpu(), p.lse.cpu(), {}))

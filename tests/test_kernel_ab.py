@@ -47,10 +47,11 @@ def test_export_refuses_what_would_be_lost_or_wrong(tmp_path):
         ab.export(tmp_path, ["c=HEAD", "c=HEAD"])
     with pytest.raises(SystemExit, match="variant name"):
         ab.export(tmp_path, ["../x=HEAD"])
-    # an experiment's define the commit's kernel source never reads
-    with pytest.raises(SystemExit, match="KP_NOT_READ_ANYWHERE .variant e.: the kernel's source at HEAD never reads it"):
-        ab.export(tmp_path, ["e=HEAD:extra_defines=KP_NOT_READ_ANYWHERE=1"])
-    assert not (tmp_path / "e").exists()
+    # an experiment's define the commit's kernel source never mentions (mma_peak.cu's own do not count)
+    for define in ("KP_NOT_READ_ANYWHERE", "KD_CHAINS"):
+        with pytest.raises(SystemExit, match=f"{define} .variant e.: the kernel's source at HEAD never reads it"):
+            ab.export(tmp_path, [f"e=HEAD:extra_defines={define}=1"])
+        assert not (tmp_path / "e").exists()
 
 
 def test_variant_names():
@@ -76,9 +77,14 @@ def test_variant_extra_defines():
     assert ab._variant("s=main:extra_defines=KD_MAX_SLACK=0") == ("s", "main", {"extra_defines": {"KD_MAX_SLACK": 0}})
     assert ab._variant("s=br:nt=8,extra_defines=KP_A=1+KP_B=-2") == (
         "s", "br", {"nt": 8, "extra_defines": {"KP_A": 1, "KP_B": -2}})
-    for bad in ("s=main:extra_defines=KP_A", "s=main:extra_defines=KP_A=x", "s=main:extra_defines=KP_A=1+"):
-        with pytest.raises(SystemExit, match="NAME=INTEGER"):
+    for bad in ("s=main:extra_defines=KP_A", "s=main:extra_defines=KP_A=x", "s=main:extra_defines=KP_A=1+",
+                "s=main:extra_defines=KP_A=1+KP_A=2"):
+        with pytest.raises(SystemExit, match="NAME=INTEGER, several joined by '[+]', each name once"):
             ab._variant(bad)
+    # the names as the plan checks them, before anything is exported
+    for bad, why in (("KD_NT=2", "sets it itself"), (".=1", "in capitals"), ("KD_MUT_SCALE=1", "sets it itself")):
+        with pytest.raises(SystemExit, match=why):
+            ab._variant(f"s=main:extra_defines={bad}")
 
 
 def test_shapes_are_the_quick_set_and_the_deep_trees():
@@ -165,12 +171,14 @@ def test_a_wrong_variant_is_not_timed(tmp_path):
     """A mutant is judged wrong in the first round: its row has the verdict and no time, and the
     table says WRONG; a knockout (wrong by design) is timed unjudged; --no-judge times everything."""
     ab.export(tmp_path, ["a=HEAD", "m=HEAD:mutant=no-scale", "k=HEAD:knockout=softmax"])
-    assert ab.time_all(tmp_path, "1x21 q9 H8", rounds=1, budget_s=0.05) == 0
-    rows = {r["variant"]: r for r in map(json.loads, (tmp_path / "times.jsonl").read_text().splitlines())}
+    assert ab.time_all(tmp_path, "1x21 q9 H8", rounds=2, budget_s=0.05) == 0
+    rows = [json.loads(line) for line in (tmp_path / "times.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows if r["variant"] == "m"] == [0]  # not timed again in round 1
+    rows = {r["variant"]: r for r in rows if r["round"] == 0}
     assert rows["m"]["us"] is None and rows["m"]["verdict"].startswith("FAIL")
     assert rows["a"]["us"] > 0 and rows["k"]["us"] > 0 and "verdict" not in rows["k"]
     assert ab.table(tmp_path).splitlines()[2].split(" | ")[2] == "WRONG"
     (tmp_path / "times.jsonl").unlink()
     assert ab.time_all(tmp_path, "1x21 q9 H8", rounds=1, budget_s=0.05, judge=False) == 0
     rows = [json.loads(line) for line in (tmp_path / "times.jsonl").read_text().splitlines()]
-    assert all(r["us"] > 0 and "verdict" not in r for r in rows)
+    assert len(rows) == 3 and all(r["us"] > 0 and "verdict" not in r for r in rows)

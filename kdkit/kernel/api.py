@@ -97,7 +97,8 @@ class Plan:
     def info(self) -> dict:
         return {"nsplit": self.nsplit, "rows_per_cta": self.rows_per_cta, "grid": self.grid, "warps": self.threads // 32,
                 "merge_groups": self.merge_groups, "fused": self.fused,
-                "module": self.key, "smem": self.smem, "mutant": self.config.mutant, "knockout": self.config.knockout}
+                "module": self.key, "smem": self.smem, "mutant": self.config.mutant, "knockout": self.config.knockout,
+                "extra_defines": dict(self.config.extra_defines)}
 
 
 def _ptr(t) -> int:

@@ -14,8 +14,8 @@ these say HOW, and are the same for every batch of a run, so a caller builds the
 - negative controls: `mutant` (a wrong build the judge must catch, kdkit/mutants.py) and `knockout`
   (a timing-only build with one part off, kdkit/kernel/knockouts.py): both wrong by design;
 - an experiment: `extra_defines` ({NAME: int}; a change to the kernel kept behind an #ifndef default
-  in its source, built and judged like any build, named in its key: what `kdkit.perf.kernel_ab`
-  times against the kernel as it is);
+  in its source, built and judged like any build, named in its key, refused where the build comes
+  out the same without it: what `kdkit.perf.kernel_ab` times against the kernel as it is);
 - graph hints: `check` (False: read nothing from the device, for planning inside CUDA-graph
   capture, with `num_tokens`, `max_q_len` and `max_kv_len` given), and the bounds a plan that is
   captured once and replayed must cover: `num_tokens` (T), `max_q_len` (the grid's query tokens

@@ -8,8 +8,9 @@ is written twice. The model's dims come from kdkit's constants and reach the .cu
 """
 from __future__ import annotations
 
+import numbers
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -128,8 +129,8 @@ class KernelConfig:
             t["mut-"] = self.mutant
         if self.knockout:
             t["ko-"] = self.knockout
-        if self.extra_defines:
-            t["x-"] = "-".join(f"{k}{v}" for k, v in self.extra_defines)
+        if self.extra_defines:  # ("KP_A.10": the value apart from the name, which may end in a digit)
+            t["x-"] = "-".join(f"{k}.{v}" for k, v in self.extra_defines)
         return t
 
 
@@ -138,9 +139,9 @@ _OWN_DEFINES: frozenset = frozenset()  # the names KernelConfig.defines() sets i
 
 def extra_defines(value) -> tuple:
     """An experiment's defines as ((NAME, int), ...) sorted by name, from a dict or pairs; a
-    ConfigError naming `extra_defines` for a name outside K[DP]_..., one the build sets itself
-    (KD_NT, ...: its own option says how), a mutant's or a knockout's, or a value that is not a
-    whole number."""
+    ConfigError naming `extra_defines` for a name outside K[DP]_..., one the build sets itself (from
+    the problem or an option), a mutant's or a knockout's, or a value that is not a whole number
+    within 32 bits. Whether the build reads it is KernelSpec.build's check."""
     global _OWN_DEFINES
     if not value:
         return ()
@@ -158,10 +159,10 @@ def extra_defines(value) -> tuple:
             raise ConfigError("extra_defines", f"{k!r}: an experiment's define is named KD_... or KP_... in "
                               "capitals, digits and '_' (the source reads it behind an #ifndef default)")
         if k in _OWN_DEFINES or k.startswith(("KD_MUT_", "KD_KO")):
-            raise ConfigError("extra_defines", f"{k}: the build sets it itself; use the option that says how "
-                              "(nt, nh, skip, fused, mutant, knockout)")
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ConfigError("extra_defines", f"{k}={v!r}: a whole number")
+            raise ConfigError("extra_defines", f"{k}: the build sets it itself, from the problem or an option "
+                              "(nt, nh, skip, fused, mutant, knockout); it is not an experiment's switch")
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not -2**31 <= v < 2**31:
+            raise ConfigError("extra_defines", f"{k}={v!r}: a whole number within 32 bits")
         if k in out:
             raise ConfigError("extra_defines", f"{k} given twice")
         out[k] = int(v)
@@ -196,11 +197,15 @@ class KernelSpec:
                 raise ValueError(f"{self.name}: takes no KernelConfig (it builds as it is)")
             return jit.build(self.source, {}, arch, tags={})
         config = config or KernelConfig()
-        for name, _ in config.extra_defines:  # a define nothing reads would time the kernel under another name
-            if not re.search(rf"\b{name}\b", jit.expand(jit.CUDA_DIR / self.source)):
-                raise ConfigError("extra_defines", f"{name}: {self.source} and its headers never read it (an "
-                                  "experiment's define needs its #ifndef default in the source)")
-        return jit.build(self.source, config.defines(), arch, tags=config.tags(), prelude=params.struct_text())
+        mod = jit.build(self.source, config.defines(), arch, tags=config.tags(), prelude=params.struct_text())
+        if config.extra_defines:  # defines that change nothing would time the kernel under another name
+            base = self.build(arch, replace(config, extra_defines=()))
+            if mod.cubin == base.cubin:
+                names = ", ".join(f"{k}={v}" for k, v in config.extra_defines)
+                raise ConfigError("extra_defines", f"{names}: the nt={config.nt} build comes out the same without "
+                                  f"{'it' if len(config.extra_defines) == 1 else 'them'} (no #ifndef default in "
+                                  f"{self.source} or its headers, or one this build does not reach)")
+        return mod
 
     def threads(self, entry: Entry, meta: dict) -> int:
         return entry.threads if isinstance(entry.threads, int) else meta.get(entry.threads, 0)

@@ -26,11 +26,11 @@ experiment's defines (a change kept behind an #ifndef default in the kernel's so
 PlanOptions.extra_defines), so one branch can carry a change and its baseline:
 `base=my-branch new=my-branch:extra_defines=KP_SKEW=1`.
 
-Before a variant is timed at a shape, in the first round, its output there is judged as
-`kdkit bench` judges (kdkit.perf.correctness: the float64 oracle, or the fp32 torch backend on the
-largest shapes); a wrong variant is not timed at that shape and the table says WRONG (a mutant,
-`m=main:mutant=skip-rope`, shows the judging at work). Knockouts are wrong by design and not
-judged; `time --no-judge` skips the judging.
+Before a variant is timed at a shape, in the first round, the output of its graph there is
+judged as `kdkit bench` judges (kdkit.perf.correctness: the float64 oracle, or the fp32 torch
+backend on the largest shapes); a variant judged wrong is not timed at that shape in any round
+and the table says WRONG (a mutant, `m=main:mutant=skip-rope`, shows the judging at work).
+Knockouts are wrong by design and not judged; `time --no-judge` skips the judging.
 
 The shapes: `kdkit bench --quick`'s and the deep trees at prefix 21 (q_len 64, 257; DEEP), or with
 --shapes the grid's shapes whose label contains TEXT, or any of several texts separated by commas
@@ -80,13 +80,20 @@ def _variant(spec: str) -> tuple[str, str, dict]:
 
 
 def _defines(text: str, spec: str) -> dict:
-    """'KP_A=1+KP_B=-2' -> {'KP_A': 1, 'KP_B': -2} (the plan checks the names)."""
+    """'KP_A=1+KP_B=-2' -> {'KP_A': 1, 'KP_B': -2}, the names and values checked as the plan checks
+    them (kdkit.kernel.spec.extra_defines); whether the build reads them, the plan checks."""
+    from kdkit.kernel import spec as kspec
     out = {}
     for item in text.split("+"):
         k, eq, v = item.partition("=")
-        if not (k and eq and re.fullmatch(r"-?\d+", v)):
-            raise SystemExit(f"error: extra_defines {text!r} of {spec!r}: write NAME=INTEGER, several joined by '+'")
+        if not (k and eq and re.fullmatch(r"-?\d+", v)) or k in out:
+            raise SystemExit(f"error: extra_defines {text!r} of {spec!r}: write NAME=INTEGER, several joined by "
+                             "'+', each name once")
         out[k] = int(v)
+    try:
+        kspec.extra_defines(out)
+    except kspec.ConfigError as e:
+        raise SystemExit(f"error: extra_defines of {spec!r}: {e}") from None
     return out
 
 
@@ -105,9 +112,10 @@ def export(out: Path, specs: list[str], repo: Path = ROOT) -> dict:
         if commit.returncode:
             raise SystemExit(f"error: {ref!r} is not a commit of {repo}: {commit.stderr.strip()}")
         commits[name] = commit.stdout.strip()
-        for define in options[name].get("extra_defines", {}):  # refused here, not on the GPU host
-            if subprocess.run(["git", "-C", str(repo), "grep", "-q", "-w", define, commits[name], "--",
-                               "kdkit/kernel/cuda"]).returncode:
+        for define in options[name].get("extra_defines", {}):  # a name the kernel never mentions: refused
+            # here, not on the GPU host (whether the build it plans changes, the plan checks there)
+            if subprocess.run(["git", "-C", str(repo), "grep", "-q", "-F", "-w", "-e", define, commits[name], "--",
+                               "kdkit/kernel/cuda", ":(exclude)kdkit/kernel/cuda/mma_peak.cu"]).returncode:
                 raise SystemExit(f"error: {define} (variant {name}): the kernel's source at {ref} never reads it; "
                                  "an experiment's define needs its #ifndef default there")
     out.mkdir(parents=True, exist_ok=True)
@@ -176,8 +184,18 @@ def child(vdir: str, name: str, shapes_json: str, out: str, budget_s: float, rnd
         from kdkit.bench import Shape, Timer, graph_of, make_case
     assert Path(kdkit.__file__).resolve().is_relative_to(Path(vdir).resolve()), kdkit.__file__
     timer = Timer(torch.device("cuda"))
+    # the shapes where an earlier round judged this variant wrong: not timed again
+    wrong = set()
+    if Path(out).exists():
+        for line in Path(out).read_text().splitlines():
+            r = json.loads(line) if line.strip() else {}
+            if r.get("variant") == name and r.get("commit") == commit and "us" in r and r["us"] is None:
+                wrong.add((r["bs"], r["prefix"], r["q_len"], r["heads"]))
     with open(out, "a") as f:
         for bs, prefix, q_len, heads, *how in json.loads(shapes_json):
+            if (bs, prefix, q_len, heads) in wrong:
+                print(f"{name} {bs}x{prefix} q{q_len} H{heads}: judged WRONG before, not timed", file=sys.stderr, flush=True)
+                continue
             try:
                 shape = Shape(bs, prefix, q_len, heads, *how)  # the grid's tree and seed
             except TypeError:  # a variant's kdkit from before Shape took them
@@ -189,13 +207,23 @@ def child(vdir: str, name: str, shapes_json: str, out: str, budget_s: float, rnd
                      else cuda.plan_case(case, x, **opts))  # (a variant's kdkit from before PlanOptions)
             except (ValueError, TypeError) as e:  # kdkit's InputError: e.g. the gather at a block size it
                 # cannot hold; TypeError: an option this variant's kdkit does not take
+                if "extra_defines" in str(e):  # the experiment itself is wrong: say so by the exit status
+                    raise
                 print(f"{name} {bs}x{prefix} q{q_len} H{heads}: left out: {e}", file=sys.stderr, flush=True)
                 continue
             row = {"variant": name, "commit": commit, "round": rnd, "bs": bs, "prefix": prefix, "q_len": q_len, "heads": heads,
                    "nsplit": p.nsplit, "rows_per_cta": p.rows_per_cta, "module": p.key,
                    "fused": bool(getattr(p, "fused", False))}
-            replay = graph_of(lambda: kernel.run(p, x["q"], x["k"], x["v"], x["kv_buffer"]))  # (runs it once)
-            verdict = _judge(case, p, opts) if judge else None
+            replay = graph_of(lambda: kernel.run(p, x["q"], x["k"], x["v"], x["kv_buffer"]))
+            verdict = None
+            if judge and hasattr(p, "out"):  # the output of the graph that is timed, not of the eager call
+                p.out.zero_()
+                replay()
+                try:
+                    verdict = _judge(case, p, opts)
+                except Exception as e:  # e.g. the reference out of memory: timed, and the row says so
+                    row["verdict"] = f"not judged: {type(e).__name__}: {e}"
+                    print(f"{name} {bs}x{prefix} q{q_len} H{heads}: {row['verdict']}", file=sys.stderr, flush=True)
             if verdict is not None:
                 row["verdict"] = verdict.line
             row["us"] = round(timer.us(replay, budget_s=budget_s), 2) if verdict is None or verdict.passed else None

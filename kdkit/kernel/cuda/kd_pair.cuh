@@ -230,7 +230,7 @@ extern "C" __global__ void __launch_bounds__(KP_THREADS, 1) kd_mla_tc_partial(co
     }
 
     // online softmax in log2 units, a row's four lanes (a quad) together; hidden scores are -inf.
-    // The max moves only when a score passes it by KP_MAX_SLACK (then p <= 2^8, fine in bf16), so
+    // The max moves only when a score passes it by KP_MAX_SLACK (then p <= 2^KP_MAX_SLACK, fine in bf16), so
     // most steps rescale nothing
     kd_u32 pa[2][4];  // P (bf16) as the A fragments of PV's k-steps (KV 0..15, 16..31)
     if (KD_KO_NO_SOFTMAX) {  // knocked out: P is the raw scores (a constant P would let QK go too)
