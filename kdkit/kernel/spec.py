@@ -134,15 +134,11 @@ class KernelConfig:
         return t
 
 
-_OWN_DEFINES: frozenset = frozenset()  # the names KernelConfig.defines() sets itself (filled on first use)
-
-
 def extra_defines(value) -> tuple:
     """An experiment's defines as ((NAME, int), ...) sorted by name, from a dict or pairs; a
     ConfigError naming `extra_defines` for a name outside K[DP]_..., one the build sets itself (from
     the problem or an option), a mutant's or a knockout's, or a value that is not a whole number
     within 32 bits. Whether the build reads it is KernelSpec.build's check."""
-    global _OWN_DEFINES
     if not value:
         return ()
     pairs = value.items() if isinstance(value, dict) else value
@@ -151,8 +147,6 @@ def extra_defines(value) -> tuple:
     except (TypeError, ValueError):
         raise ConfigError("extra_defines", f"{value!r}: give a dict or (NAME, value) pairs, "
                           "e.g. {'KP_SKEW': 1}") from None
-    if not _OWN_DEFINES:
-        _OWN_DEFINES = frozenset(KernelConfig().defines())
     out = {}
     for k, v in pairs:
         if not isinstance(k, str) or not EXTRA_DEFINE_NAME.match(k):
@@ -167,6 +161,9 @@ def extra_defines(value) -> tuple:
             raise ConfigError("extra_defines", f"{k} given twice")
         out[k] = int(v)
     return tuple(sorted(out.items()))
+
+
+_OWN_DEFINES = frozenset(KernelConfig().defines())  # the names the build sets itself, from the problem and options
 
 
 @dataclass(frozen=True)

@@ -154,9 +154,8 @@ def _grid_shapes(text: str | None) -> list[tuple]:
 
 def _judge(case, p, opts: dict):
     """The verdict of the plan's output on `case` (launched already), as kdkit bench judges it; None
-    for a knockout (wrong by design) or a variant's kdkit too old to judge (no kdkit.perf.correctness
-    or Plan.out)."""
-    if opts.get("knockout") or not hasattr(p, "out"):
+    for a knockout (wrong by design) or a variant's kdkit too old to judge (no kdkit.perf.correctness)."""
+    if opts.get("knockout"):
         return None
     try:
         from kdkit.backends import Result
@@ -166,6 +165,12 @@ def _judge(case, p, opts: dict):
     import torch
     torch.cuda.synchronize()
     return Reference(case).judge("cuda", Result(p.out.clone(), p.lse.clone(), {}))
+
+
+def _judged_wrong(rows) -> set:
+    """(variant, commit, shape) of the rows judged wrong (no time: never timed there)."""
+    return {(r["variant"], r.get("commit", ""), (r["bs"], r["prefix"], r["q_len"], r["heads"]))
+            for r in rows if "us" in r and r["us"] is None}
 
 
 def child(vdir: str, name: str, shapes_json: str, out: str, budget_s: float, rnd: int, opts: dict,
@@ -185,12 +190,8 @@ def child(vdir: str, name: str, shapes_json: str, out: str, budget_s: float, rnd
     assert Path(kdkit.__file__).resolve().is_relative_to(Path(vdir).resolve()), kdkit.__file__
     timer = Timer(torch.device("cuda"))
     # the shapes where an earlier round judged this variant wrong: not timed again
-    wrong = set()
-    if Path(out).exists():
-        for line in Path(out).read_text().splitlines():
-            r = json.loads(line) if line.strip() else {}
-            if r.get("variant") == name and r.get("commit") == commit and "us" in r and r["us"] is None:
-                wrong.add((r["bs"], r["prefix"], r["q_len"], r["heads"]))
+    rows = [json.loads(line) for line in Path(out).read_text().splitlines() if line.strip()] if Path(out).exists() else []
+    wrong = {shape for v, c, shape in _judged_wrong(rows) if (v, c) == (name, commit)}
     with open(out, "a") as f:
         for bs, prefix, q_len, heads, *how in json.loads(shapes_json):
             if (bs, prefix, q_len, heads) in wrong:
@@ -267,7 +268,7 @@ def table(d: Path) -> str:
     for r in rows:
         by.setdefault((r["bs"], r["prefix"], r["q_len"], r["heads"]), {}).setdefault(r["variant"], []).append(r["us"])
     # a variant judged wrong at a shape: its times there (if any round timed it) say nothing
-    wrong = {((r["bs"], r["prefix"], r["q_len"], r["heads"]), r["variant"]) for r in rows if r.get("us") is None}
+    wrong = {(shape, v) for v, _, shape in _judged_wrong(rows)}
     def title(n):
         opts = ",".join(f"{k}={'+'.join(f'{a}={b}' for a, b in v.items()) if isinstance(v, dict) else v}"
                         for k, v in refs[n].get("opts", {}).items())  # (as the variant was written)
